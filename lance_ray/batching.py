@@ -1,0 +1,97 @@
+"""Cutting a rank's stream into batches, and reading only the batches a process needs.
+
+With DataLoader workers, worker ``w`` of ``k`` produces batches ``w, w+k, w+2k, ...`` of
+the rank's one sequence (torch's in-order loader hands them out in exactly that order), so
+the batches a trainer sees do not depend on ``num_workers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .convert import concat
+from .order import RankStream
+from .plan import SplitPlan
+from .read import ChunkRequest, ChunkResult, chunk_requests
+
+
+@dataclass
+class Batch:
+    """Samples ``start .. start+size-1`` of the stream; ``index`` counts batches from 0."""
+
+    index: int
+    start: int
+    size: int
+    payload: Any  # a pyarrow.RecordBatch, or a list of transformed items
+
+
+def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: int = 1
+                     ) -> list[tuple[int, int, int]]:
+    """``(index, start, stop)`` of the batches worker ``worker`` of ``num_workers`` makes."""
+    out = []
+    for index, lo in enumerate(range(0, total, batch_size)):
+        if index % num_workers == worker:
+            out.append((index, lo, min(lo + batch_size, total)))
+    return out
+
+
+def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, int]],
+                 chunk_rows: int) -> list[ChunkRequest]:
+    """Read requests covering ``ranges`` of the stream (adjacent ranges are merged)."""
+    merged: list[list[int]] = []
+    for lo, hi in ranges:
+        if merged and merged[-1][1] == lo:
+            merged[-1][1] = hi
+        else:
+            merged.append([lo, hi])
+    out: list[ChunkRequest] = []
+    for lo, hi in merged:
+        splits, positions = stream.slice(lo, hi)
+        row_ids = plan.row_ids[splits - plan.first_split, positions]
+        out.extend(chunk_requests(row_ids, lo, chunk_rows))
+    return out
+
+
+def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
+             ) -> Iterator[Batch]:
+    """Cut the ordered chunks into ``batches``; refuse any chunk that arrives out of order.
+
+    The chunks must cover exactly the samples of ``batches``, in order.
+    """
+    pending = iter(batches)
+    current = next(pending, None)
+    parts: list[Any] = []
+    filled = 0
+    for chunk in chunks:
+        due = None if current is None else current[1] + filled
+        if chunk.seq != due:
+            raise RuntimeError(
+                f"reader delivered samples from {chunk.seq} where {due} was due; "
+                "refusing to change the planned order"
+            )
+        payload = chunk.items if chunk.items is not None else chunk.data
+        offset, n = 0, len(chunk)
+        while offset < n:
+            if current is None:
+                raise RuntimeError("reader delivered more samples than were requested")
+            index, lo, hi = current
+            take = min(hi - lo - filled, n - offset)
+            parts.append(payload[offset : offset + take])
+            filled += take
+            offset += take
+            if filled == hi - lo:
+                yield Batch(index, lo, hi - lo, _join(parts))
+                parts, filled = [], 0
+                current = next(pending, None)
+                if offset < n and (current is None or current[1] != hi):
+                    raise RuntimeError("a read chunk spans samples that were not requested")
+    if current is not None:
+        raise RuntimeError(f"reader stopped before batch {current[0]} was complete")
+
+
+def _join(parts: list[Any]) -> Any:
+    if isinstance(parts[0], list):
+        return [x for p in parts for x in p]
+    return concat(parts)

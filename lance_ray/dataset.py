@@ -1,0 +1,365 @@
+"""``StreamingDataset``: one rank's view of the split plan, as a torch ``IterableDataset``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from . import state as st
+from .batching import Batch, assemble, requests_for, selected_batches
+from .convert import batch_to_torch
+from .order import RankStream, stream_for
+from .plan import PlanSpec, SplitPlan, build_plan, rank_splits, splits_per_rank
+from .read import LocalReader, RayDataReader, Transform
+from .table import StorageOptionsFactory, resolve_table
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_READ_BATCH_SIZE = 4096
+READERS = ("ray", "local")
+
+
+@dataclass
+class _Cursor:
+    """Where this view stands: the progress it started from plus what it has delivered."""
+
+    samples: list[int]
+    positions: list[int]
+    consumed: int = 0  # samples delivered to the consumer since ``samples``/``positions``
+    batches: int = 0  # batches delivered since the start of the epoch, when known
+    generation: int = 0  # bumped by every new iterator; stale iterators refuse to go on
+
+
+def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class StreamingDataset(IterableDataset):
+    """An elastic, exactly-resumable torch ``IterableDataset`` over a Lance / LanceDB table.
+
+    Speaks the language of ``lancedb.streaming.StreamingDataset``: the table (at a pinned
+    version, after ``filter``) is split into ``num_splits`` equal splits by lancedb's own
+    permutation builder, rank ``r`` of ``world_size`` owns a contiguous block of splits and
+    yields one sample per owned split per round-robin cycle. Same arguments give the same
+    per-rank sequence as the reference, and its ``state_dict`` loads in either library.
+
+    Differences that matter:
+
+    * Reads (and ``transform``) run in an order-preserving Ray Data pipeline
+      (``reader="ray"``, the default) with prefetch and backpressure; ``reader="local"``
+      reads in-process.
+    * ``iter_batches`` yields whole batches as tensors, checkpointable at every batch.
+    * ``set_epoch`` moves to the next epoch's plan; iterating after an epoch is exhausted
+      starts the next epoch (logged) instead of silently yielding nothing.
+    * States are self-describing and ``load_state_dict`` refuses any state that does not
+      belong to this plan, topology or step, with an error naming the fix.
+
+    Args:
+        table: a LanceDB ``Table``, a ``lance.LanceDataset`` or the URI of a Lance dataset.
+        num_splits: fixed number of splits (default ``world_size``); every world size you
+            plan to resume on must divide it.
+        shuffle, shuffle_seed, epoch, shuffle_clump_size, filter: the plan, as in the
+            reference (the per-epoch seed is ``shuffle_seed + 100003 * epoch``).
+        rank, world_size: this view's place in the data-parallel group.
+        columns: columns to read (default all).
+        transform: ``f(pyarrow.RecordBatch) -> sequence`` of one item per row; runs in Ray
+            Data tasks. Default items are dicts of the row's Python values.
+        read_batch_size: rows per read task (one sorted Lance take each).
+        prefetch_batches: read chunks kept in flight ahead of the consumer.
+        reader: ``"ray"`` or ``"local"``.
+        table_version: pin this table version (default: the table's current version).
+        storage_options: zero-argument factory returning Lance storage options, so that
+            credentials are never pickled or logged.
+        ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
+    """
+
+    def __init__(
+        self,
+        table: Any,
+        *,
+        num_splits: int | None = None,
+        shuffle: bool = True,
+        shuffle_seed: int | None = 0,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        columns: list[str] | None = None,
+        filter: str | None = None,
+        transform: Transform | None = None,
+        shuffle_clump_size: int | None = None,
+        read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
+        prefetch_batches: int = 2,
+        reader: str = "ray",
+        table_version: int | None = None,
+        storage_options: StorageOptionsFactory | None = None,
+        ray_remote_args: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        _positive_int("world_size", world_size)
+        num_splits = world_size if num_splits is None else num_splits
+        _positive_int("num_splits", num_splits)
+        splits_per_rank(num_splits, world_size)
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
+        if shuffle_seed is None:
+            shuffle_seed = int(np.random.SeedSequence().entropy % 2**32)  # type: ignore[operator]
+        if not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool) or shuffle_seed < 0:
+            raise ValueError(f"shuffle_seed must be a non-negative integer, got {shuffle_seed!r}")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        _positive_int("read_batch_size", read_batch_size)
+        _positive_int("prefetch_batches", prefetch_batches)
+        _positive_int("shuffle_clump_size", shuffle_clump_size, allow_none=True)
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        if filter is not None and (not isinstance(filter, str) or not filter.strip()):
+            raise ValueError(f"filter must be a non-empty SQL string, got {filter!r}")
+
+        self._table = resolve_table(table, version=table_version, storage_options=storage_options)
+        self._columns = self._checked_columns(columns)
+        self._rank, self._world_size = rank, world_size
+        self._owned = rank_splits(rank, world_size, num_splits)
+        self._transform = transform
+        self._read_batch_size = read_batch_size
+        self._prefetch_batches = prefetch_batches
+        self._reader_kind = reader
+        self._ray_remote_args = ray_remote_args
+        self._rows_after_filter = self._count_rows(filter)
+        if num_splits > self._rows_after_filter:
+            raise ValueError(
+                f"num_splits ({num_splits}) is larger than the number of rows "
+                f"({self._rows_after_filter}) after the filter; every split needs a row: "
+                "use fewer splits"
+            )
+        self._spec = PlanSpec(self._table.version, num_splits, bool(shuffle), shuffle_seed,
+                              epoch, shuffle_clump_size, filter)
+        self._set_plan(self._spec)
+
+    # ----------------------------------------------------------------------- construction
+
+    def _checked_columns(self, columns: list[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+            raise TypeError(f"columns must be a list of column names, got {columns!r}")
+        names = self._table.open_lance().schema.names
+        unknown = [c for c in columns if c not in names]
+        if unknown:
+            raise ValueError(f"unknown column(s) {unknown}; the table has columns {names}")
+        return list(columns)
+
+    def _count_rows(self, filter: str | None) -> int:
+        try:
+            return int(self._table.open_lance().count_rows(filter=filter))
+        except Exception as e:
+            raise ValueError(
+                f"filter {filter!r} is not a valid SQL predicate for this table: {e}"
+            ) from e
+
+    def _set_plan(self, spec: PlanSpec) -> None:
+        full = build_plan(self._table.open_lancedb(), spec, self._rows_after_filter)
+        # Keep only this rank's splits: the full plan is 8 bytes per row on every rank.
+        self._plan: SplitPlan = full.splits(self._owned[0], len(self._owned))
+        self._spec = spec
+        self._identity = st.PlanIdentity.of(full)
+        zeros = [0] * spec.num_splits
+        generation = getattr(self, "_cursor", _Cursor([], [])).generation
+        self._cursor = _Cursor(list(zeros), list(zeros), generation=generation)
+
+    # ----------------------------------------------------------------------- properties
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose plan this view reads."""
+        return self._spec.epoch
+
+    @property
+    def num_splits(self) -> int:
+        return self._spec.num_splits
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def table_version(self) -> int:
+        """The pinned table version every read goes to."""
+        return self._table.version
+
+    @property
+    def plan(self) -> SplitPlan:
+        """This rank's part of the current epoch's plan."""
+        return self._plan
+
+    @property
+    def identity(self) -> st.PlanIdentity:
+        return self._identity
+
+    def __len__(self) -> int:
+        """Samples this rank yields in a whole epoch."""
+        return len(self._owned) * self._plan.split_len
+
+    # ----------------------------------------------------------------------- progress
+
+    def _stream(self) -> RankStream:
+        c = self._cursor
+        return stream_for(self._owned, c.samples, c.positions, self._plan.split_len)
+
+    def _progress(self) -> tuple[list[int], list[int]]:
+        c = self._cursor
+        samples, positions = list(c.samples), list(c.positions)
+        done = self._stream().advanced(c.consumed)
+        for split, s, p in zip(done.splits, done.samples, done.positions):
+            samples[split], positions[split] = s, p
+        return samples, positions
+
+    def _rebase(self) -> RankStream:
+        """Fold delivered samples into the start point; returns the remaining stream."""
+        samples, positions = self._progress()
+        c = self._cursor
+        c.samples, c.positions, c.consumed = samples, positions, 0
+        return self._stream()
+
+    def _commit(self, samples: int, batches: int = 0) -> None:
+        self._cursor.consumed += samples
+        self._cursor.batches += batches
+
+    @property
+    def samples_remaining(self) -> int:
+        """Samples this rank still has to yield in the current epoch."""
+        return len(self._stream()) - self._cursor.consumed
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's consumer-committed progress as plain, JSON-serialisable data.
+
+        Owned splits are exact; other splits hold the lower bound this view started from.
+        Merge the states of every rank with :meth:`merge_state_dicts` before resuming on
+        another world size.
+        """
+        samples, positions = self._progress()
+        return st.make_state(self._identity, samples, positions, world_size=self._world_size,
+                             rank=None if self._world_size == 1 else self._rank,
+                             global_step=self._cursor.batches)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state``; nothing changes unless the whole state is valid."""
+        progress = st.parse_state(state, self._plan.split_len)
+        st.check_compatible(state, self._identity)
+        st.check_loadable_on(progress, self._rank, self._world_size)
+        generation = self._cursor.generation + 1  # any running iterator is now stale
+        self._cursor = _Cursor(list(progress.samples), list(progress.positions),
+                               batches=progress.global_step or 0, generation=generation)
+
+    merge_state_dicts = staticmethod(st.merge_state_dicts)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch``'s plan from its start (no-op if already on it)."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        if epoch == self._spec.epoch:
+            return
+        left = self.samples_remaining
+        if left and self._cursor.consumed + sum(self._cursor.samples):
+            logger.warning("leaving epoch %d with %d samples of rank %d unread",
+                           self._spec.epoch, left, self._rank)
+        self._set_plan(self._spec.for_epoch(epoch))
+        self._cursor.generation += 1
+
+    def _begin(self) -> tuple[RankStream, int]:
+        """Start an iterator: next epoch if this one is done, then a fresh generation."""
+        if self.samples_remaining == 0 and len(self) > 0:
+            logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
+                        self._spec.epoch, self._rank, self._spec.epoch + 1)
+            self.set_epoch(self._spec.epoch + 1)
+        stream = self._rebase()
+        self._cursor.generation += 1
+        return stream, self._cursor.generation
+
+    def _check_generation(self, generation: int) -> None:
+        if generation != self._cursor.generation:
+            raise RuntimeError(
+                "this iterator was superseded by a newer iterator, load_state_dict() or "
+                "set_epoch(); create a new iterator to continue"
+            )
+
+    # ----------------------------------------------------------------------- reading
+
+    def _reader(self, in_worker: bool) -> LocalReader | RayDataReader:
+        if self._reader_kind == "local" or in_worker:
+            return LocalReader(self._table, self._columns, self._transform)
+        return RayDataReader(self._table, self._columns, self._transform,
+                             prefetch_batches=self._prefetch_batches,
+                             ray_remote_args=self._ray_remote_args)
+
+    def _read_batches(self, stream: RankStream, batch_size: int, *, worker: int = 0,
+                      num_workers: int = 1) -> Iterator[Batch]:
+        """The batches of ``stream`` this process makes, read and assembled in order."""
+        wanted = selected_batches(len(stream), batch_size, worker, num_workers)
+        requests = requests_for(self._plan, stream, [(lo, hi) for _, lo, hi in wanted],
+                                self._read_batch_size)
+        reader = self._reader(in_worker=get_worker_info() is not None or num_workers > 1)
+        return assemble(reader.iter_chunks(iter(requests)), wanted)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield samples one by one: dicts of Python values, or the transform's items."""
+        stream, generation = self._begin()
+        if get_worker_info() is not None:
+            logger.warning("iterating a StreamingDataset in a plain DataLoader worker: use "
+                           "StreamingDataLoader so checkpoints count only consumed batches")
+        # Batches the size of a read chunk: each is one chunk, so nothing is re-joined.
+        for batch in self._read_batches(stream, self._read_batch_size):
+            rows = batch.payload if isinstance(batch.payload, list) else batch.payload.to_pylist()
+            for row in rows:
+                self._check_generation(generation)
+                self._commit(1)
+                yield row
+
+    def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
+                     ) -> Iterator[Any]:
+        """Yield batches of ``batch_size`` consecutive samples (the last may be short).
+
+        Without a transform a batch is ``{column: tensor}`` built straight from Arrow (lists
+        for non-numeric columns); with one, ``collate_fn`` (default torch's
+        ``default_collate``) collates the items. Each batch is committed when it is handed
+        over, so ``state_dict()`` between batches is exact.
+        """
+        _positive_int("batch_size", batch_size)
+        stream, generation = self._begin()
+        for batch in self._read_batches(stream, batch_size):
+            out = collate(batch.payload, collate_fn)
+            self._check_generation(generation)
+            self._commit(batch.size, batches=1)
+            yield out
+
+    def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """``(split, position)`` of the next samples ``start .. stop-1`` (for logging/tests)."""
+        remaining = self._stream().advanced(self._cursor.consumed)
+        splits, positions = remaining.slice(start, stop)
+        return list(zip(splits.tolist(), positions.tolist()))
+
+
+def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None) -> Any:
+    """Turn one assembled batch into what the trainer receives."""
+    if isinstance(payload, list):
+        if collate_fn is None:
+            from torch.utils.data import default_collate
+
+            return default_collate(payload)
+        return collate_fn(payload)
+    if collate_fn is None:
+        return batch_to_torch(payload)
+    return collate_fn(payload.to_pylist())

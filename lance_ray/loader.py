@@ -1,0 +1,131 @@
+"""``StreamingDataLoader``: a DataLoader whose checkpoints count only consumed batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from .dataset import StreamingDataset, collate
+from .order import RankStream
+
+
+class _Delivered(NamedTuple):
+    index: int
+    size: int
+    data: Any
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class _BatchSource(IterableDataset):
+    """What each DataLoader worker iterates: its share of the rank's batches, collated.
+
+    Worker ``w`` of ``k`` makes batches ``w, w+k, ...`` of the one rank sequence; torch's
+    in-order loader returns them round-robin, i.e. in sequence order, so the batches (and
+    every global step) are the same for any ``num_workers``.
+    """
+
+    def __init__(self, dataset: StreamingDataset, batch_size: int,
+                 collate_fn: Callable[[list[Any]], Any] | None):
+        super().__init__()
+        self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
+        self.stream: RankStream | None = None
+
+    def __iter__(self) -> Iterator[_Delivered]:
+        assert self.stream is not None, "StreamingDataLoader starts its source before iterating"
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for batch in self.dataset._read_batches(self.stream, self.batch_size, worker=worker,
+                                                num_workers=workers):
+            yield _Delivered(batch.index, batch.size, collate(batch.payload, self.collate_fn))
+
+
+class StreamingDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`StreamingDataset` with exact, consumer-committed state.
+
+    Progress is committed in this (the trainer's) process when a batch is returned by
+    ``next()``, never when a worker prefetches it, so ``dataset.state_dict()`` (or this
+    loader's ``state_dict()``) is exact after every batch, with any ``num_workers``. Workers
+    use the default multiprocessing start method; each opens the table itself.
+
+    Without a transform and without ``collate_fn`` a batch is ``{column: tensor}`` built
+    from Arrow (fixed-size list columns become 2-D tensors); otherwise ``collate_fn``
+    (default torch's ``default_collate``) collates the batch's items.
+    """
+
+    def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
+                 persistent_workers: bool = False, **kwargs: Any) -> None:
+        if not isinstance(dataset, StreamingDataset):
+            raise TypeError(
+                f"StreamingDataLoader requires a lance_ray.StreamingDataset, got "
+                f"{type(dataset).__name__}"
+            )
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if drop_last:
+            raise ValueError(
+                "drop_last=True is not supported: dropped samples could not be accounted for "
+                "in the checkpoint. Choose batch_size so that the rank's epoch divides evenly"
+            )
+        if persistent_workers:
+            raise ValueError(
+                "persistent_workers=True is not supported: each iteration must start its "
+                "workers from the committed state"
+            )
+        for banned in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(banned):
+                raise ValueError(f"{banned} is not supported: the split plan decides the order")
+        if kwargs.get("in_order") is False:
+            raise ValueError("in_order=False is not supported: batches must arrive in order")
+        self._source = _BatchSource(dataset, batch_size, collate_fn)
+        self._streaming_dataset = dataset
+        self._batch_size_samples = batch_size
+        super().__init__(self._source, batch_size=None, num_workers=num_workers,
+                         collate_fn=_identity, **kwargs)
+
+    @property
+    def streaming_dataset(self) -> StreamingDataset:
+        return self._streaming_dataset
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        dataset = self._streaming_dataset
+        stream, generation = dataset._begin()
+        self._source.stream = stream  # pickled into the workers started below
+        inner = super().__iter__()
+        return self._committed(inner, generation)
+
+    def _committed(self, inner: Iterator[_Delivered], generation: int) -> Iterator[Any]:
+        dataset = self._streaming_dataset
+        expected = 0
+        try:
+            for delivered in inner:
+                if delivered.index != expected:
+                    raise RuntimeError(
+                        f"batch {delivered.index} arrived where batch {expected} was due; "
+                        "refusing to commit out-of-order progress"
+                    )
+                dataset._check_generation(generation)
+                dataset._commit(delivered.size, batches=1)
+                expected += 1
+                yield delivered.data
+        finally:
+            shutdown = getattr(inner, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+
+    def __len__(self) -> int:
+        n = self._streaming_dataset.samples_remaining
+        return -(-n // self._batch_size_samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's committed state (what ``dataset.state_dict()`` returns)."""
+        return self._streaming_dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load ``state`` into the dataset; the next iteration resumes from it."""
+        self._streaming_dataset.load_state_dict(state)

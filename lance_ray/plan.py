@@ -1,0 +1,147 @@
+"""The split plan: which rows belong to which split, in which order, for one epoch.
+
+The plan is a pure function of (table version, filter, shuffle, num_splits, shuffle_seed,
+epoch, clump size). Rows are assigned exactly as ``lancedb.streaming.StreamingDataset``
+assigns them, by calling lancedb's own permutation builder on the pinned table version, so
+checkpoints and sample order are interchangeable with the reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# The reference derives the per-epoch seed as ``shuffle_seed + epoch * 100003``; keeping the
+# same formula is what makes our order identical to lancedb.streaming's.
+EPOCH_SEED_STRIDE = 100003
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Everything the split plan depends on. Two equal specs give the same plan."""
+
+    table_version: int
+    num_splits: int
+    shuffle: bool
+    shuffle_seed: int
+    epoch: int
+    shuffle_clump_size: int | None = None
+    filter: str | None = None
+
+    def for_epoch(self, epoch: int) -> PlanSpec:
+        """The same plan inputs for another epoch."""
+        return PlanSpec(**{**asdict(self), "epoch": epoch})
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Row ids of every split of one epoch: ``row_ids[k]`` is split k in yield order.
+
+    ``row_ids`` may hold only a subset of the splits (``first_split`` onwards), which is
+    how a rank keeps just its own part of the plan.
+    """
+
+    spec: PlanSpec
+    split_len: int
+    total_rows: int
+    fingerprint: str
+    row_ids: np.ndarray  # shape (len(owned), split_len), uint64
+    first_split: int = 0
+
+    @property
+    def dropped_rows(self) -> int:
+        """Rows left out of this epoch so that every split has the same length."""
+        return self.total_rows - self.split_len * self.spec.num_splits
+
+    def splits(self, first: int, count: int) -> SplitPlan:
+        """The part of this plan holding splits ``first .. first+count-1``."""
+        lo = first - self.first_split
+        if lo < 0 or lo + count > self.row_ids.shape[0]:
+            raise ValueError(
+                f"splits {first}..{first + count - 1} are not held by this plan "
+                f"(it holds {self.first_split}..{self.first_split + self.row_ids.shape[0] - 1})"
+            )
+        return SplitPlan(
+            self.spec,
+            self.split_len,
+            self.total_rows,
+            self.fingerprint,
+            self.row_ids[lo : lo + count],
+            first,
+        )
+
+    def rows(self, split: int, positions: np.ndarray) -> np.ndarray:
+        """Row ids at ``positions`` of global ``split``."""
+        return self.row_ids[split - self.first_split, positions]
+
+
+def plan_fingerprint(spec: PlanSpec, row_ids: np.ndarray) -> str:
+    """A short, stable hash of the plan's inputs and of every planned row id."""
+    h = hashlib.sha256()
+    h.update(repr(sorted(asdict(spec).items())).encode())
+    h.update(np.ascontiguousarray(row_ids, dtype="<u8").tobytes())
+    return h.hexdigest()[:16]
+
+
+def splits_per_rank(num_splits: int, world_size: int) -> int:
+    """How many splits each rank owns; raises if ``world_size`` does not divide them."""
+    if world_size <= 0 or num_splits % world_size != 0:
+        raise ValueError(
+            f"num_splits ({num_splits}) must be divisible by world_size ({world_size}); "
+            f"valid world sizes for {num_splits} splits are {valid_world_sizes(num_splits)}"
+        )
+    return num_splits // world_size
+
+
+def rank_splits(rank: int, world_size: int, num_splits: int) -> list[int]:
+    """The contiguous block of splits rank ``rank`` owns (the reference's assignment)."""
+    per_rank = splits_per_rank(num_splits, world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank ({rank}) must be in [0, {world_size}) for world_size {world_size}")
+    return list(range(rank * per_rank, (rank + 1) * per_rank))
+
+
+def valid_world_sizes(num_splits: int) -> list[int]:
+    """Every world size a plan with ``num_splits`` splits can be read on."""
+    return [w for w in range(1, num_splits + 1) if num_splits % w == 0]
+
+
+def plan_from_permutation(spec: PlanSpec, row_ids: np.ndarray, split_ids: np.ndarray) -> SplitPlan:
+    """Build a plan from a permutation table (rows ordered by split, then position)."""
+    total = int(row_ids.shape[0])
+    counts = np.bincount(split_ids.astype(np.int64), minlength=spec.num_splits)
+    if counts.shape[0] != spec.num_splits or len(set(counts.tolist())) != 1:
+        raise RuntimeError(f"permutation has unequal or missing splits: {counts.tolist()}")
+    split_len = int(counts[0])
+    if np.any(np.diff(split_ids.astype(np.int64)) < 0):
+        raise RuntimeError("permutation rows are not ordered by split")
+    matrix = np.ascontiguousarray(row_ids, dtype=np.uint64).reshape(spec.num_splits, split_len)
+    # The builder drops the N mod S surplus rows; recover N for reporting.
+    return SplitPlan(spec, split_len, total, plan_fingerprint(spec, matrix), matrix)
+
+
+def build_plan(table: object, spec: PlanSpec, total_rows: int) -> SplitPlan:
+    """Run lancedb's permutation builder on ``table`` (already at ``spec.table_version``).
+
+    ``total_rows`` is the row count after the filter, used to report the dropped tail.
+    """
+    from lancedb.permutation import permutation_builder
+
+    builder = permutation_builder(table)
+    if spec.filter is not None:
+        builder = builder.filter(spec.filter)
+    if spec.shuffle:
+        builder = builder.split_random(
+            fixed=spec.num_splits,
+            seed=spec.shuffle_seed + spec.epoch * EPOCH_SEED_STRIDE,
+            clump_size=spec.shuffle_clump_size,
+        )
+    else:
+        builder = builder.split_sequential(fixed=spec.num_splits)
+    perm = builder.execute().to_arrow()
+    plan = plan_from_permutation(
+        spec, perm["row_id"].to_numpy(), perm["split_id"].to_numpy()
+    )
+    return SplitPlan(plan.spec, plan.split_len, total_rows, plan.fingerprint, plan.row_ids)

@@ -1,0 +1,379 @@
+"""Checkpoint state: the plain-data format, its validation, and the merge of rank states.
+
+A state is a JSON-serialisable dict. Its top-level keys are exactly those of
+``lancedb.streaming.StreamingDataset.state_dict()`` (so either library loads the other's
+states); what makes it self-describing lives under the extra key ``"lance_ray"``, which the
+reference ignores. Everything here is pure: no Ray, no torch, no I/O except the explicit
+JSON file helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .plan import SplitPlan, rank_splits
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+EXTRA_KEY = "lance_ray"
+REFERENCE_KEYS = ("shuffle_seed", "num_splits", "epoch", "samples_consumed_per_split")
+
+
+@dataclass(frozen=True)
+class PlanIdentity:
+    """What a state must agree with before it may be applied to a plan."""
+
+    num_splits: int
+    shuffle_seed: int
+    epoch: int
+    split_len: int
+    table_version: int
+    plan_fingerprint: str
+    shuffle: bool
+    filter: str | None
+    shuffle_clump_size: int | None
+
+    @classmethod
+    def of(cls, plan: SplitPlan) -> PlanIdentity:
+        s = plan.spec
+        return cls(
+            s.num_splits,
+            s.shuffle_seed,
+            s.epoch,
+            plan.split_len,
+            s.table_version,
+            plan.fingerprint,
+            s.shuffle,
+            s.filter,
+            s.shuffle_clump_size,
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Validated per-split progress plus who produced it."""
+
+    samples: tuple[int, ...]
+    positions: tuple[int, ...]
+    world_size: int | None = None  # None: unknown (reference-format state)
+    rank: int | None = None  # None: a merged state that covers every split
+    global_step: int | None = None
+
+    @property
+    def is_complete(self) -> bool:
+        """True when every split's entry is exact (merged, or a 1-rank state)."""
+        return self.rank is None or self.world_size == 1
+
+
+def make_state(
+    identity: PlanIdentity,
+    samples: list[int],
+    positions: list[int],
+    *,
+    world_size: int,
+    rank: int | None,
+    global_step: int | None,
+) -> dict[str, Any]:
+    """Build a state dict. ``rank=None`` marks a merged state covering every split."""
+    extra = {
+        "format_version": FORMAT_VERSION,
+        "table_version": identity.table_version,
+        "plan_fingerprint": identity.plan_fingerprint,
+        "split_len": identity.split_len,
+        "shuffle": identity.shuffle,
+        "filter": identity.filter,
+        "shuffle_clump_size": identity.shuffle_clump_size,
+        "world_size": world_size,
+        "rank": rank,
+        "owned_splits": (
+            None if rank is None else rank_splits(rank, world_size, identity.num_splits)
+        ),
+        "global_step": global_step,
+    }
+    return {
+        "shuffle_seed": identity.shuffle_seed,
+        "num_splits": identity.num_splits,
+        "epoch": identity.epoch,
+        "samples_consumed_per_split": [int(x) for x in samples],
+        "positions_consumed_per_split": [int(x) for x in positions],
+        EXTRA_KEY: extra,
+    }
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _int_field(state: dict, key: str, *, minimum: int = 0) -> int:
+    value = state[key]
+    if not _is_int(value) or value < minimum:
+        raise ValueError(
+            f"checkpoint field {key!r} must be an integer >= {minimum}, got {value!r}; "
+            "pass the dict returned by state_dict() unchanged"
+        )
+    return value
+
+
+def _counts(state: dict, key: str, num_splits: int, split_len: int | None) -> tuple[int, ...]:
+    raw = state[key]
+    if _is_int(raw):
+        # The reference's legacy format: one scalar counter shared by every split.
+        logger.warning("checkpoint field %r is a legacy scalar; applying it to every split", key)
+        raw = [raw] * num_splits
+    if not isinstance(raw, list | tuple):
+        raise ValueError(
+            f"checkpoint field {key!r} must be a list of {num_splits} integers, got "
+            f"{type(raw).__name__}; pass the dict returned by state_dict() unchanged"
+        )
+    if len(raw) != num_splits:
+        raise ValueError(
+            f"checkpoint field {key!r} has {len(raw)} entries but num_splits is {num_splits}; "
+            "the state is truncated or belongs to another plan"
+        )
+    for k, v in enumerate(raw):
+        if not _is_int(v) or v < 0:
+            raise ValueError(
+                f"checkpoint field {key!r}[{k}] must be a non-negative integer, got {v!r}; "
+                "the state is corrupt: restore an earlier checkpoint"
+            )
+        if split_len is not None and v > split_len:
+            raise ValueError(
+                f"checkpoint field {key!r}[{k}] is {v}, beyond the split length {split_len}; "
+                "the state belongs to a different table, filter or num_splits"
+            )
+    return tuple(raw)
+
+
+def parse_state(state: object, split_len: int | None = None) -> Progress:
+    """Validate the structure of ``state`` and return its progress.
+
+    ``split_len`` bounds the counts when the plan is known (always, when loading).
+    """
+    if not isinstance(state, dict):
+        raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    missing = [k for k in REFERENCE_KEYS if k not in state]
+    if missing:
+        raise ValueError(
+            f"checkpoint is missing required field(s) {missing}; pass the dict returned "
+            "by state_dict() (or merge_state_dicts()) unchanged"
+        )
+    num_splits = _int_field(state, "num_splits", minimum=1)
+    _int_field(state, "shuffle_seed")
+    _int_field(state, "epoch")
+    extra = state.get(EXTRA_KEY)
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"checkpoint field {EXTRA_KEY!r} must be a dict, got {extra!r}")
+    if extra:
+        version = extra.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"checkpoint format_version {version!r} is not supported (this lance_ray "
+                f"reads version {FORMAT_VERSION}); upgrade lance_ray to load it"
+            )
+        if split_len is None:
+            split_len = extra.get("split_len")
+    samples = _counts(state, "samples_consumed_per_split", num_splits, split_len)
+    if "positions_consumed_per_split" in state:
+        positions = _counts(state, "positions_consumed_per_split", num_splits, split_len)
+    else:
+        positions = samples
+    for k, (s, p) in enumerate(zip(samples, positions)):
+        if p < s:
+            raise ValueError(
+                f"checkpoint positions_consumed_per_split[{k}] ({p}) is behind "
+                f"samples_consumed_per_split[{k}] ({s}); a split cannot yield more samples "
+                "than it read: the state is corrupt, restore an earlier checkpoint"
+            )
+    if not extra:
+        return Progress(samples, positions)
+    world_size, rank, step = extra.get("world_size"), extra.get("rank"), extra.get("global_step")
+    if not _is_int(world_size) or world_size < 1 or num_splits % world_size:
+        raise ValueError(
+            f"checkpoint world_size {world_size!r} is invalid for {num_splits} splits"
+        )
+    if rank is not None and (not _is_int(rank) or not 0 <= rank < world_size):
+        raise ValueError(f"checkpoint rank {rank!r} is not in [0, {world_size})")
+    if step is not None and (not _is_int(step) or step < 0):
+        raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
+    return Progress(samples, positions, world_size, rank, step)
+
+
+def check_compatible(state: dict, identity: PlanIdentity) -> None:
+    """Raise unless ``state`` was taken on the plan described by ``identity``."""
+    for key in ("num_splits", "shuffle_seed", "epoch"):
+        theirs, ours = state[key], getattr(identity, key)
+        if theirs != ours:
+            fix = (
+                "call set_epoch() with the checkpoint's epoch before loading it"
+                if key == "epoch"
+                else f"construct the dataset with {key}={theirs}"
+            )
+            raise ValueError(f"{key} mismatch: checkpoint has {theirs}, dataset has {ours}; {fix}")
+    extra = state.get(EXTRA_KEY)
+    if not extra:
+        logger.warning(
+            "checkpoint has no lance_ray identity (a lancedb.streaming state?): its table "
+            "version, filter and shuffle settings cannot be verified"
+        )
+        return
+    checks = {
+        "table_version": "open the table at the checkpoint's version (table_version=...)",
+        "shuffle": "construct the dataset with the checkpoint's shuffle setting",
+        "filter": "construct the dataset with the checkpoint's filter",
+        "shuffle_clump_size": "construct the dataset with the checkpoint's shuffle_clump_size",
+        "split_len": "the table or filter changed since the checkpoint",
+        "plan_fingerprint": "the table's rows at this version differ from the checkpoint's",
+    }
+    for key, fix in checks.items():
+        theirs, ours = extra.get(key), getattr(identity, key)
+        if theirs != ours:
+            raise ValueError(
+                f"{key} mismatch: checkpoint has {theirs!r}, dataset has {ours!r}; {fix}"
+            )
+
+
+def check_loadable_on(progress: Progress, rank: int, world_size: int) -> None:
+    """Raise unless one rank's view may resume from ``progress`` without a merge."""
+    if progress.is_complete or progress.rank is None:
+        return
+    if (progress.rank, progress.world_size) != (rank, world_size):
+        raise ValueError(
+            f"this checkpoint is rank {progress.rank}'s own state of a "
+            f"{progress.world_size}-rank run, but it is being loaded by rank {rank} of "
+            f"{world_size}; merge every rank's state with merge_state_dicts() and load the "
+            "merged state on every rank"
+        )
+
+
+def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
+    """Merge the states of every rank of one run, taken at one global step, into one state.
+
+    Each split's progress comes from the rank that owned it. Raises ``ValueError`` when
+    the states disagree on the plan, were taken at different global steps, or do not cover
+    every rank. States in the reference format (no owner information) are merged by
+    element-wise maximum, as the reference does, with a logged warning.
+    """
+    if not isinstance(states, list | tuple) or not states:
+        raise ValueError("merge_state_dicts requires a non-empty list of state dicts")
+    parsed = [parse_state(s) for s in states]
+    first = states[0]
+    for s in states[1:]:
+        for key in ("shuffle_seed", "num_splits", "epoch"):
+            if s[key] != first[key]:
+                raise ValueError(
+                    f"{key} mismatch across state dicts: {s[key]} != {first[key]}; merge only "
+                    "states saved by the ranks of one run at one step"
+                )
+    extras = [s.get(EXTRA_KEY) for s in states]
+    if not all(extras):
+        if any(extras):
+            raise ValueError(
+                "cannot merge lance_ray states with reference-format states; merge states "
+                "saved by one library"
+            )
+        logger.warning(
+            "merging reference-format states by element-wise maximum: their owners and "
+            "steps are unknown, so a state saved at another step cannot be detected"
+        )
+        samples = [max(c) for c in zip(*(p.samples for p in parsed))]
+        positions = [max(c) for c in zip(*(p.positions for p in parsed))]
+        return {**{k: first[k] for k in ("shuffle_seed", "num_splits", "epoch")},
+                "samples_consumed_per_split": samples,
+                "positions_consumed_per_split": positions}
+    return _merge_owned(states, parsed)
+
+
+def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
+    first_extra = states[0][EXTRA_KEY]
+    for s in states[1:]:
+        for key in ("table_version", "plan_fingerprint", "shuffle", "filter",
+                    "shuffle_clump_size", "split_len"):
+            if s[EXTRA_KEY].get(key) != first_extra.get(key):
+                raise ValueError(
+                    f"{key} mismatch across state dicts: {s[EXTRA_KEY].get(key)!r} != "
+                    f"{first_extra.get(key)!r}; these states come from different plans"
+                )
+    steps = {p.global_step for p in parsed}
+    if len(steps) > 1:
+        raise ValueError(
+            f"states were captured at different global steps {sorted(steps, key=str)}; "
+            "save every rank's state at the same step (e.g. right after the same "
+            "optimizer step) and merge those"
+        )
+    num_splits = states[0]["num_splits"]
+    owner_of: list[Progress | None] = [None] * num_splits
+    for p in parsed:
+        owned = (
+            range(num_splits) if p.rank is None
+            else rank_splits(p.rank, p.world_size or 1, num_splits)
+        )
+        for k in owned:
+            prev = owner_of[k]
+            if prev is not None and (prev.samples[k], prev.positions[k]) != (
+                p.samples[k], p.positions[k]
+            ):
+                raise ValueError(
+                    f"two states claim split {k} with different progress "
+                    f"({prev.samples[k]} vs {p.samples[k]} samples); they were not taken "
+                    "at the same step"
+                )
+            owner_of[k] = p
+    uncovered = [k for k, p in enumerate(owner_of) if p is None]
+    if uncovered:
+        raise ValueError(
+            f"the states do not cover splits {uncovered}: their owning ranks' states are "
+            "missing; pass the state of every rank of the run"
+        )
+    samples = [p.samples[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
+    positions = [p.positions[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
+    for p in parsed:
+        if any(a > b for a, b in zip(p.samples, samples)):
+            raise ValueError(
+                "a state records more progress on a split it does not own than the owner "
+                "does; the states were not taken at the same step"
+            )
+    merged_extra = {**first_extra, "rank": None, "owned_splits": None,
+                    "global_step": parsed[0].global_step}
+    return {**{k: states[0][k] for k in ("shuffle_seed", "num_splits", "epoch")},
+            "samples_consumed_per_split": samples,
+            "positions_consumed_per_split": positions,
+            EXTRA_KEY: merged_extra}
+
+
+def save_state(path: str | os.PathLike[str], state: dict) -> None:
+    """Write ``state`` as JSON atomically (write a temp file, then rename)."""
+    parse_state(state)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(state, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a state written by :func:`save_state` (JSON only, never pickle)."""
+    try:
+        state = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"checkpoint file {os.fspath(path)!r} is not valid JSON: {e}") from e
+    parse_state(state)
+    return state
+
+
+def identity_dict(identity: PlanIdentity) -> dict[str, Any]:
+    """``identity`` as plain data (for logs and the CLI)."""
+    return asdict(identity)

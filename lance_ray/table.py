@@ -1,0 +1,108 @@
+"""A picklable reference to one version of a Lance dataset, and how to open it.
+
+Storage credentials never travel inside a ``TableRef``: pass ``storage_options`` as a
+zero-argument factory (for example one that reads the environment), which is called where
+the table is opened.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+StorageOptionsFactory = Callable[[], dict[str, str]]
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """One version of a Lance dataset: where it is, which version, how to authenticate."""
+
+    uri: str
+    version: int
+    storage_options: StorageOptionsFactory | None = None
+
+    def __repr__(self) -> str:
+        # Never print the options themselves: they may hold credentials.
+        return f"TableRef(uri={self.uri!r}, version={self.version})"
+
+    def options(self) -> dict[str, str] | None:
+        return self.storage_options() if self.storage_options is not None else None
+
+    def open_lance(self) -> Any:
+        """The pinned ``lance.LanceDataset`` (cached per process)."""
+        return _open_lance(self.uri, self.version, self.storage_options)
+
+    def open_lancedb(self) -> Any:
+        """The pinned table as a LanceDB ``Table`` (what lancedb's plan builder takes)."""
+        import lancedb
+
+        parent, name = os.path.split(self.uri.rstrip("/"))
+        name = name.removesuffix(".lance")
+        db = lancedb.connect(parent, storage_options=self.options())
+        table = db.open_table(name)
+        if table.version != self.version:
+            table.checkout(self.version)
+        return table
+
+
+@functools.lru_cache(maxsize=8)
+def _open_lance(uri: str, version: int, storage_options: StorageOptionsFactory | None) -> Any:
+    import lance
+
+    try:
+        return lance.dataset(
+            uri,
+            version=version,
+            storage_options=storage_options() if storage_options else None,
+        )
+    except Exception as e:  # lance raises OSError/ValueError/RuntimeError by backend
+        raise ValueError(
+            f"cannot open version {version} of the Lance dataset at {uri!r}: {e}. If that "
+            "version was cleaned up, restore it or start a new run from the latest version"
+        ) from e
+
+
+def resolve_table(
+    table: Any,
+    *,
+    version: int | None = None,
+    storage_options: StorageOptionsFactory | None = None,
+) -> TableRef:
+    """A ``TableRef`` for a LanceDB ``Table``, a ``lance.LanceDataset`` or a dataset URI.
+
+    ``version=None`` pins the table's current version.
+    """
+    if storage_options is not None and not callable(storage_options):
+        raise TypeError(
+            "storage_options must be a zero-argument callable returning a dict (so that "
+            "credentials are never pickled or logged), e.g. "
+            "storage_options=lambda: {'aws_access_key_id': os.environ['KEY']}"
+        )
+    if isinstance(table, str | os.PathLike):
+        import lance
+
+        uri = os.fspath(table)
+        try:
+            current = lance.dataset(
+                uri, storage_options=storage_options() if storage_options else None
+            ).version
+        except Exception as e:
+            raise ValueError(f"no Lance dataset at {uri!r}: {e}") from e
+    elif hasattr(table, "to_lance"):  # a LanceDB table
+        ds = table.to_lance()
+        uri, current = ds.uri, table.version
+    elif hasattr(table, "uri") and hasattr(table, "version"):  # a lance.LanceDataset
+        uri, current = table.uri, table.version
+    else:
+        raise TypeError(
+            "table must be a LanceDB Table, a lance.LanceDataset or the URI of a Lance "
+            f"dataset, got {type(table).__name__}"
+        )
+    if version is None:
+        version = int(current)
+    elif not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"table_version must be a positive integer, got {version!r}")
+    return TableRef(str(uri), int(version), storage_options)
