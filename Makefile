@@ -1,0 +1,27 @@
+# Set-up commands that work on a fresh machine: both create or refresh .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint demo bench clean
+
+$(STAMP): pyproject.toml requirements/constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(PY) -m ruff check lance_ray jobs tests
+
+test: lint
+	$(PY) -m pytest -q
+
+demo: venv
+	$(PY) jobs/demo.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,67 @@
+"""Shared fixtures: real Lance tables on disk and one local Ray cluster per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+# Before ray is imported anywhere: no auth tokens, no progress bars, no usage reporting.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+
+def write_table(path: str, n: int, *, fragments: int = 2, dim: int = 4, name: str = "t"):
+    """A LanceDB table of ``n`` rows (id, x, vector v) written in ``fragments`` appends."""
+    db = lancedb.connect(path)
+    bounds = np.linspace(0, n, fragments + 1).astype(int)
+    table = None
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        ids = np.arange(lo, hi, dtype=np.int64)
+        data = pa.table({
+            "id": ids,
+            "x": ids.astype(np.float32) / 2,
+            "v": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.repeat(ids, dim).astype(np.float32)), dim),
+        })
+        table = db.create_table(name, data) if table is None else table
+        if table.count_rows() != hi:
+            table.add(data)
+    return table
+
+
+@pytest.fixture(scope="session")
+def table_factory(tmp_path_factory) -> Callable[..., object]:
+    """Make (and cache) tables by size: ``table_factory(n, fragments=2)``."""
+    cache: dict[tuple[int, int], object] = {}
+
+    def make(n: int, fragments: int = 2):
+        key = (n, fragments)
+        if key not in cache:
+            root = tmp_path_factory.mktemp(f"db_{n}_{fragments}")
+            cache[key] = write_table(str(root), n, fragments=fragments)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def table_1k(table_factory):
+    return table_factory(1000, 3)
+
+
+@pytest.fixture(scope="session")
+def ray_session(tmp_path_factory) -> Iterator[None]:
+    """One local Ray cluster for the whole test session, sized for 2 cores."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    yield
+    ray.shutdown()

@@ -1,0 +1,172 @@
+"""Oracle tests: ``lance_ray.StreamingDataset`` against ``lancedb.streaming.StreamingDataset``.
+
+Invariant: the same plan arguments give every rank the same sample sequence in both
+libraries, whatever the reader, its chunk size or a transform, and a mid-epoch state taken
+in either library resumes to the same remaining sequence in the other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from lancedb import streaming as reference
+
+import lance_ray
+from lance_ray import valid_world_sizes
+
+# (rows, fragments) of the tables the properties draw from; table_factory caches them.
+TABLES = ((37, 1), (250, 2), (1000, 3))
+FILTERS = (None, "id % 3 != 0", "x < 100")
+
+PROPERTY = settings(
+    deadline=None,
+    max_examples=40,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+INTEROP = settings(PROPERTY, max_examples=20)
+
+_rows_after_filter: dict[tuple[int, int, str | None], int] = {}
+
+
+def ids_of(batch: pa.RecordBatch) -> list[int]:
+    """A transform for both libraries (module level, so Ray can pickle it)."""
+    return batch.column("id").to_pylist()
+
+
+def row_ids(rows: Any) -> list[int]:
+    """The ``id`` of every item: dict rows, or the ints ``ids_of`` makes."""
+    return [r if isinstance(r, int) else r["id"] for r in rows]
+
+
+@st.composite
+def plan_args(draw: st.DrawFn) -> tuple[tuple[int, int], dict[str, Any]]:
+    """A table and the plan/topology arguments both libraries accept."""
+    table = draw(st.sampled_from(TABLES))
+    num_splits = draw(st.one_of(st.integers(1, 12), st.sampled_from([16, 24, 30, 36, 40])))
+    world_size = draw(st.sampled_from(valid_world_sizes(num_splits)))
+    kw = {
+        "num_splits": num_splits,
+        "world_size": world_size,
+        "rank": draw(st.integers(0, world_size - 1)),
+        "shuffle": draw(st.booleans()),
+        "shuffle_seed": draw(st.integers(0, 2**32 - 1)),
+        "epoch": draw(st.integers(0, 3)),
+        "shuffle_clump_size": draw(st.one_of(st.none(), st.integers(1, 64))),
+        "filter": draw(st.sampled_from(FILTERS)),
+    }
+    return table, kw
+
+
+def open_table(table_factory, shape: tuple[int, int], kw: dict[str, Any]):
+    """The cached table; skips (assume) plans with more splits than filtered rows."""
+    table = table_factory(*shape)
+    key = (*shape, kw["filter"])
+    if key not in _rows_after_filter:
+        _rows_after_filter[key] = table.count_rows(kw["filter"])
+    assume(kw["num_splits"] <= _rows_after_filter[key])
+    return table
+
+
+def reference_ids(table, kw: dict[str, Any]) -> list[int]:
+    return row_ids(reference.StreamingDataset(table, **kw))
+
+
+# ----------------------------------------------------------------------- same sequence
+
+
+@PROPERTY
+@given(args=plan_args(), read_batch_size=st.integers(1, 300))
+def test_same_arguments_give_the_reference_per_rank_sequence(table_factory, args,
+                                                            read_batch_size):
+    shape, kw = args
+    table = open_table(table_factory, shape, kw)
+    ours = lance_ray.StreamingDataset(table, reader="local", read_batch_size=read_batch_size,
+                                      **kw)
+    got = row_ids(ours)
+    assert got == reference_ids(table, kw)
+    assert len(got) == len(ours)
+
+
+RAY_CONFIGS = [
+    pytest.param((1000, 3), {"num_splits": 4, "world_size": 2, "rank": 1, "shuffle_seed": 7,
+                             "epoch": 1}, None, 64, id="shuffled-rank1of2-dicts"),
+    pytest.param((250, 2), {"num_splits": 3, "shuffle": False, "filter": "id % 3 != 0"},
+                 ids_of, 40, id="sequential-filter-transform"),
+    pytest.param((1000, 3), {"num_splits": 6, "world_size": 3, "rank": 2, "shuffle_seed": 11,
+                             "epoch": 2, "shuffle_clump_size": 16, "filter": "x < 100"},
+                 ids_of, 33, id="clumped-filter-rank2of3-transform"),
+]
+
+
+@pytest.mark.parametrize(("shape", "kw", "transform", "read_batch_size"), RAY_CONFIGS)
+def test_ray_data_reader_gives_the_reference_per_rank_sequence(
+        ray_session, table_factory, shape, kw, transform, read_batch_size):
+    table = table_factory(*shape)
+    expected = row_ids(reference.StreamingDataset(table, transform=transform, **kw))
+    ours = lance_ray.StreamingDataset(table, reader="ray", transform=transform,
+                                      read_batch_size=read_batch_size, **kw)
+    assert row_ids(ours) == expected
+
+
+def test_ray_data_reader_batches_hold_the_reference_sequence(ray_session, table_factory):
+    table = table_factory(250, 2)
+    kw = {"num_splits": 5, "shuffle_seed": 3, "filter": "x < 100"}
+    expected = reference_ids(table, kw)
+    ours = lance_ray.StreamingDataset(table, reader="ray", transform=ids_of,
+                                      read_batch_size=30, **kw)
+    got = [i for batch in ours.iter_batches(17) for i in batch.tolist()]
+    assert got == expected
+
+
+# ----------------------------------------------------------------------- checkpoint interop
+
+
+@INTEROP
+@given(args=plan_args(), cut=st.floats(0, 1), read_batch_size=st.integers(1, 300))
+def test_mid_epoch_state_of_lance_ray_resumes_the_same_remainder_in_the_reference(
+        table_factory, args, cut, read_batch_size):
+    shape, kw = args
+    table = open_table(table_factory, shape, kw)
+    ours = lance_ray.StreamingDataset(table, reader="local", read_batch_size=read_batch_size,
+                                      **kw)
+    k = int(cut * len(ours))
+    it = iter(ours)
+    head = row_ids(itertools.islice(it, k))
+    state = json.loads(json.dumps(ours.state_dict()))
+    our_rest = row_ids(it)
+
+    theirs = reference.StreamingDataset(table, **kw)
+    theirs.load_state_dict(state)
+    their_rest = row_ids(theirs)
+
+    assert their_rest == our_rest
+    assert head + our_rest == reference_ids(table, kw)
+
+
+@INTEROP
+@given(args=plan_args(), cut=st.floats(0, 1, exclude_max=True),
+       read_batch_size=st.integers(1, 300))
+def test_mid_epoch_state_of_the_reference_resumes_the_same_remainder_in_lance_ray(
+        table_factory, args, cut, read_batch_size):
+    shape, kw = args
+    table = open_table(table_factory, shape, kw)
+    theirs = reference.StreamingDataset(table, **kw)
+    full = reference_ids(table, kw)
+    k = int(cut * len(full))  # strictly mid-epoch: an exhausted state starts the next epoch
+    it = iter(theirs)
+    head = row_ids(itertools.islice(it, k))
+    state = json.loads(json.dumps(theirs.state_dict()))
+    their_rest = row_ids(it)
+
+    ours = lance_ray.StreamingDataset(table, reader="local", read_batch_size=read_batch_size,
+                                      **kw)
+    ours.load_state_dict(state)
+    assert ours.samples_remaining == len(their_rest)
+    assert row_ids(ours) == their_rest
+    assert head + their_rest == full
