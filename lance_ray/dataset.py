@@ -7,16 +7,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import state as st
 from .batching import Batch, assemble, requests_for, selected_batches
 from .convert import batch_to_torch
 from .order import RankStream, stream_for
-from .plan import PlanSpec, SplitPlan, build_plan, rank_splits, splits_per_rank
+from .plan import PlanSpec, SplitPlan, check_plan_args, positive_int, rank_splits
+from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource
 from .read import LocalReader, RayDataReader, Transform
-from .table import StorageOptionsFactory, resolve_table
+from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +33,6 @@ class _Cursor:
     consumed: int = 0  # samples delivered to the consumer since ``samples``/``positions``
     batches: int = 0  # batches delivered since the start of the epoch, when known
     generation: int = 0  # bumped by every new iterator; stale iterators refuse to go on
-
-
-def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 class StreamingDataset(IterableDataset):
@@ -103,75 +96,79 @@ class StreamingDataset(IterableDataset):
         ray_remote_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        _positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
-        _positive_int("num_splits", num_splits)
-        splits_per_rank(num_splits, world_size)
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-        if shuffle_seed is None:
-            shuffle_seed = int(np.random.SeedSequence().entropy % 2**32)  # type: ignore[operator]
-        if not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool) or shuffle_seed < 0:
-            raise ValueError(f"shuffle_seed must be a non-negative integer, got {shuffle_seed!r}")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        _positive_int("read_batch_size", read_batch_size)
-        _positive_int("prefetch_batches", prefetch_batches)
-        _positive_int("shuffle_clump_size", shuffle_clump_size, allow_none=True)
+        shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
+                                       epoch=epoch, shuffle_clump_size=shuffle_clump_size,
+                                       filter=filter)
+        table_ref = resolve_table(table, version=table_version, storage_options=storage_options)
+        rows = count_rows(table_ref, filter, num_splits)
+        spec = PlanSpec(table_ref.version, num_splits, bool(shuffle), shuffle_seed, epoch,
+                        shuffle_clump_size, filter)
+        self._init_view(table_ref, spec, LocalPlans(table_ref, rows), rank=rank,
+                        world_size=world_size, columns=columns, transform=transform,
+                        read_batch_size=read_batch_size, prefetch_batches=prefetch_batches,
+                        reader=reader, ray_remote_args=ray_remote_args)
+
+    @classmethod
+    def from_coordinator(
+        cls,
+        name: str,
+        *,
+        rank: int,
+        world_size: int,
+        namespace: str = DEFAULT_NAMESPACE,
+        columns: list[str] | None = None,
+        transform: Transform | None = None,
+        read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
+        prefetch_batches: int = 2,
+        reader: str = "ray",
+        ray_remote_args: dict[str, Any] | None = None,
+    ) -> StreamingDataset:
+        """A view for ``(rank, world_size)`` attached to the coordinator actor ``name``.
+
+        The view receives only its own splits of the plan, starts from the coordinator's
+        latest sealed step (so a restarted trainer picks up on its own; a new world size
+        resizes the run), and reports its committed progress after every batch.
+        """
+        from .coordinator import CoordinatorPlans
+
+        plans = CoordinatorPlans.connect(name, namespace)
+        table_ref, spec = plans.describe()
+        self = cls.__new__(cls)
+        IterableDataset.__init__(self)
+        self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size,
+                        columns=columns, transform=transform, read_batch_size=read_batch_size,
+                        prefetch_batches=prefetch_batches, reader=reader,
+                        ray_remote_args=ray_remote_args)
+        self.load_state_dict(plans.start(rank, world_size))
+        return self
+
+    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource, *, rank: int,
+                   world_size: int, columns: list[str] | None, transform: Transform | None,
+                   read_batch_size: int, prefetch_batches: int, reader: str,
+                   ray_remote_args: dict[str, Any] | None) -> None:
+        positive_int("world_size", world_size)
+        self._owned = rank_splits(rank, world_size, spec.num_splits)
+        positive_int("read_batch_size", read_batch_size)
+        positive_int("prefetch_batches", prefetch_batches)
         if reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable, got {type(transform).__name__}")
-        if filter is not None and (not isinstance(filter, str) or not filter.strip()):
-            raise ValueError(f"filter must be a non-empty SQL string, got {filter!r}")
-
-        self._table = resolve_table(table, version=table_version, storage_options=storage_options)
-        self._columns = self._checked_columns(columns)
+        self._table = table
+        self._columns = check_columns(table, columns)
         self._rank, self._world_size = rank, world_size
-        self._owned = rank_splits(rank, world_size, num_splits)
         self._transform = transform
         self._read_batch_size = read_batch_size
         self._prefetch_batches = prefetch_batches
         self._reader_kind = reader
         self._ray_remote_args = ray_remote_args
-        self._rows_after_filter = self._count_rows(filter)
-        if num_splits > self._rows_after_filter:
-            raise ValueError(
-                f"num_splits ({num_splits}) is larger than the number of rows "
-                f"({self._rows_after_filter}) after the filter; every split needs a row: "
-                "use fewer splits"
-            )
-        self._spec = PlanSpec(self._table.version, num_splits, bool(shuffle), shuffle_seed,
-                              epoch, shuffle_clump_size, filter)
-        self._set_plan(self._spec)
-
-    # ----------------------------------------------------------------------- construction
-
-    def _checked_columns(self, columns: list[str] | None) -> list[str] | None:
-        if columns is None:
-            return None
-        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-            raise TypeError(f"columns must be a list of column names, got {columns!r}")
-        names = self._table.open_lance().schema.names
-        unknown = [c for c in columns if c not in names]
-        if unknown:
-            raise ValueError(f"unknown column(s) {unknown}; the table has columns {names}")
-        return list(columns)
-
-    def _count_rows(self, filter: str | None) -> int:
-        try:
-            return int(self._table.open_lance().count_rows(filter=filter))
-        except Exception as e:
-            raise ValueError(
-                f"filter {filter!r} is not a valid SQL predicate for this table: {e}"
-            ) from e
+        self._plans = plans
+        self._set_plan(spec)
 
     def _set_plan(self, spec: PlanSpec) -> None:
-        full = build_plan(self._table.open_lancedb(), spec, self._rows_after_filter)
-        # Keep only this rank's splits: the full plan is 8 bytes per row on every rank.
-        self._plan: SplitPlan = full.splits(self._owned[0], len(self._owned))
+        self._plan, self._identity = self._plans.part(spec, self._owned)
         self._spec = spec
-        self._identity = st.PlanIdentity.of(full)
         zeros = [0] * spec.num_splits
         generation = getattr(self, "_cursor", _Cursor([], [])).generation
         self._cursor = _Cursor(list(zeros), list(zeros), generation=generation)
@@ -237,6 +234,10 @@ class StreamingDataset(IterableDataset):
     def _commit(self, samples: int, batches: int = 0) -> None:
         self._cursor.consumed += samples
         self._cursor.batches += batches
+        if batches:
+            done = self._stream().advanced(self._cursor.consumed)
+            self._plans.report(self._rank, self._world_size, self._spec.epoch,
+                               self._cursor.batches, done.samples, done.positions)
 
     @property
     def samples_remaining(self) -> int:
@@ -276,6 +277,7 @@ class StreamingDataset(IterableDataset):
         if left and self._cursor.consumed + sum(self._cursor.samples):
             logger.warning("leaving epoch %d with %d samples of rank %d unread",
                            self._spec.epoch, left, self._rank)
+        self._plans.set_epoch(epoch)
         self._set_plan(self._spec.for_epoch(epoch))
         self._cursor.generation += 1
 
@@ -337,7 +339,7 @@ class StreamingDataset(IterableDataset):
         ``default_collate``) collates the items. Each batch is committed when it is handed
         over, so ``state_dict()`` between batches is exact.
         """
-        _positive_int("batch_size", batch_size)
+        positive_int("batch_size", batch_size)
         stream, generation = self._begin()
         for batch in self._read_batches(stream, batch_size):
             out = collate(batch.payload, collate_fn)

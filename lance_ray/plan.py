@@ -77,6 +77,30 @@ class SplitPlan:
         return self.row_ids[split - self.first_split, positions]
 
 
+def positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    """Raise a ValueError naming ``name`` unless ``value`` is a positive int (not a bool)."""
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_plan_args(*, num_splits: object, shuffle_seed: object, epoch: object,
+                    shuffle_clump_size: object, filter: object) -> int:
+    """Validate the plan arguments; returns the seed (drawn at random when None)."""
+    positive_int("num_splits", num_splits)
+    positive_int("shuffle_clump_size", shuffle_clump_size, allow_none=True)
+    if shuffle_seed is None:
+        shuffle_seed = int(np.random.SeedSequence().entropy % 2**32)  # type: ignore[operator]
+    if not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool) or shuffle_seed < 0:
+        raise ValueError(f"shuffle_seed must be a non-negative integer, got {shuffle_seed!r}")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    if filter is not None and (not isinstance(filter, str) or not filter.strip()):
+        raise ValueError(f"filter must be a non-empty SQL string, got {filter!r}")
+    return shuffle_seed
+
+
 def plan_fingerprint(spec: PlanSpec, row_ids: np.ndarray) -> str:
     """A short, stable hash of the plan's inputs and of every planned row id."""
     h = hashlib.sha256()

@@ -347,15 +347,14 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
             EXTRA_KEY: merged_extra}
 
 
-def save_state(path: str | os.PathLike[str], state: dict) -> None:
-    """Write ``state`` as JSON atomically (write a temp file, then rename)."""
-    parse_state(state)
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON so that readers see the old file or the new one, never half."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(state, f, sort_keys=True)
+            json.dump(obj, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -364,12 +363,23 @@ def save_state(path: str | os.PathLike[str], state: dict) -> None:
         raise
 
 
-def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a state written by :func:`save_state` (JSON only, never pickle)."""
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file (never pickle), with an error that names the file."""
     try:
-        state = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"checkpoint file {os.fspath(path)!r} is not valid JSON: {e}") from e
+        raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {e}") from e
+
+
+def save_state(path: str | os.PathLike[str], state: dict) -> None:
+    """Validate ``state`` and write it as JSON atomically."""
+    parse_state(state)
+    write_json_atomic(path, state)
+
+
+def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a state written by :func:`save_state`."""
+    state = read_json(path)
     parse_state(state)
     return state
 

@@ -106,3 +106,32 @@ def resolve_table(
     elif not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"table_version must be a positive integer, got {version!r}")
     return TableRef(str(uri), int(version), storage_options)
+
+
+def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:
+    """Rows left after ``filter``; raises if there are fewer than ``num_splits``."""
+    try:
+        rows = int(table.open_lance().count_rows(filter=filter))
+    except Exception as e:
+        raise ValueError(
+            f"filter {filter!r} is not a valid SQL predicate for this table: {e}"
+        ) from e
+    if num_splits > rows:
+        raise ValueError(
+            f"num_splits ({num_splits}) is larger than the number of rows ({rows}) after the "
+            "filter; every split needs a row: use fewer splits"
+        )
+    return rows
+
+
+def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | None:
+    """``columns`` as a list, after checking each exists in the table."""
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError(f"columns must be a list of column names, got {columns!r}")
+    names = table.open_lance().schema.names
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise ValueError(f"unknown column(s) {unknown}; the table has columns {names}")
+    return list(columns)

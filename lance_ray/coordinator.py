@@ -1,0 +1,364 @@
+"""The coordinator: a named Ray actor holding the split plan and the merged progress.
+
+It builds each epoch's plan once and serves every view only its own splits; it seals the
+progress of a global step once every rank has reported it, so a checkpoint is one
+consistent object; it persists sealed progress atomically (JSON) so that a restarted actor
+loses nothing; and ``resize`` redistributes the splits over a new world size.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from . import ledger as lg
+from . import state as st
+from .plan import PlanSpec, SplitPlan, build_plan, check_plan_args, splits_per_rank
+from .plan_source import DEFAULT_NAMESPACE
+from .table import StorageOptionsFactory, TableRef, count_rows, resolve_table
+
+logger = logging.getLogger(__name__)
+
+PERSIST_FORMAT = 1
+HISTORY_STEPS = 1024  # sealed steps kept in memory for state_dict(step=...)
+PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
+
+
+def _sealed_to_json(s: lg.Sealed | None) -> dict | None:
+    return None if s is None else {**asdict(s), "samples": list(s.samples),
+                                   "positions": list(s.positions)}
+
+
+def _sealed_from_json(d: dict | None) -> lg.Sealed | None:
+    if d is None:
+        return None
+    return lg.Sealed(d["epoch"], d["step"], d["world_size"], tuple(d["samples"]),
+                     tuple(d["positions"]))
+
+
+class CoordinatorActor:
+    """The actor body. Use :class:`Coordinator` to create or find one."""
+
+    def __init__(self, name: str, table: TableRef, spec: dict[str, Any], rows: int,
+                 world_size: int, storage_path: str, persist_interval_s: float = 0.2):
+        self._name = name
+        self._table = table
+        self._spec = PlanSpec(**spec)
+        self._rows = rows
+        self._path = Path(storage_path) / name / "coordinator.json"
+        self._persist_interval_s = persist_interval_s
+        self._lock = threading.RLock()
+        self._plan_lock = threading.Lock()
+        self._plans: OrderedDict[int, SplitPlan] = OrderedDict()
+        self._history: OrderedDict[tuple[int, int], lg.Sealed] = OrderedDict()
+        self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
+        self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
+        self._last_persist = 0.0
+        self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
+                                                    self._spec.epoch)
+        self._persist(force=True)
+
+    # ----------------------------------------------------------------- durability
+
+    def _config(self) -> dict[str, Any]:
+        return {"uri": self._table.uri, "spec": {**asdict(self._spec), "epoch": 0}}
+
+    def _recover(self) -> lg.Ledger | None:
+        if not self._path.exists():
+            return None
+        saved = st.read_json(self._path)
+        if saved.get("format_version") != PERSIST_FORMAT or saved.get("config") != self._config():
+            raise ValueError(
+                f"{self._path} holds coordinator {self._name!r} of a different table or plan; "
+                "use another coordinator name or storage_path"
+            )
+        led = saved["ledger"]
+        ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
+                           _sealed_from_json(led["sealed"]))
+        if ledger.sealed is not None:
+            self._history[(ledger.sealed.epoch, ledger.sealed.step)] = ledger.sealed
+        logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
+                    ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
+        return ledger
+
+    def _persist(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_persist < self._persist_interval_s:
+            return
+        led = self._ledger
+        st.write_json_atomic(self._path, {
+            "format_version": PERSIST_FORMAT,
+            "config": self._config(),
+            "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
+                       "epoch": led.epoch, "sealed": _sealed_to_json(led.sealed)},
+        })
+        self._last_persist = now
+
+    # ----------------------------------------------------------------- plan
+
+    def describe(self) -> tuple[TableRef, PlanSpec]:
+        with self._lock:
+            return self._table, self._spec.for_epoch(self._ledger.epoch)
+
+    def _plan(self, epoch: int) -> SplitPlan:
+        with self._plan_lock:
+            plan = self._plans.get(epoch)
+            if plan is None:
+                started = time.monotonic()
+                plan = build_plan(self._table.open_lancedb(), self._spec.for_epoch(epoch),
+                                  self._rows)
+                logger.info("coordinator %s built the plan of epoch %d in %.2fs", self._name,
+                            epoch, time.monotonic() - started)
+                self._plans[epoch] = plan
+                while len(self._plans) > PLANS_CACHED:
+                    self._plans.popitem(last=False)
+            return plan
+
+    def plan_part(self, epoch: int, first: int, count: int) -> tuple[SplitPlan, st.PlanIdentity]:
+        plan = self._plan(epoch)
+        return plan.splits(first, count), st.PlanIdentity.of(plan)
+
+    def _state(self, sealed: lg.Sealed) -> dict[str, Any]:
+        return st.make_state(st.PlanIdentity.of(self._plan(sealed.epoch)), list(sealed.samples),
+                             list(sealed.positions), world_size=sealed.world_size, rank=None,
+                             global_step=sealed.step)
+
+    # ----------------------------------------------------------------- progress
+
+    def start(self, rank: int, world_size: int) -> dict[str, Any]:
+        """The state a new view of ``(rank, world_size)`` starts from (resizing if needed)."""
+        with self._lock:
+            if world_size != self._ledger.world_size:
+                logger.info("coordinator %s: views of world size %d arrived; resizing from %d",
+                            self._name, world_size, self._ledger.world_size)
+                self.resize(world_size)
+            if not 0 <= rank < world_size:
+                raise ValueError(f"rank ({rank}) must be in [0, {world_size})")
+            return self._state(self._ledger.start())
+
+    def report(self, rank: int, world_size: int, epoch: int, step: int,
+               samples: Sequence[int], positions: Sequence[int]) -> int | None:
+        """Record a rank's progress; returns the step it sealed, if any."""
+        report = lg.RankReport(rank, world_size, epoch, step, tuple(samples), tuple(positions))
+        with self._lock:
+            sealed = lg.record(self._ledger, report)
+            known = self._rank_progress.get(rank, (-1, 0))[0]
+            if report.epoch == self._ledger.epoch and step > known:  # reports may overtake
+                self._rank_progress[rank] = (step, sum(samples))
+            if sealed is None:
+                return None
+            self._history[(sealed.epoch, sealed.step)] = sealed
+            while len(self._history) > HISTORY_STEPS:
+                self._history.popitem(last=False)
+            self._seal_times.append((time.monotonic(), sum(sealed.samples)))
+            self._persist()
+            return sealed.step
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        """The merged state of the latest sealed step (or of ``step``), made durable first."""
+        with self._lock:
+            if step is None:
+                sealed = self._ledger.start()
+            else:
+                sealed = self._history.get((self._ledger.epoch, step))
+                if sealed is None:
+                    have = sorted(s for e, s in self._history if e == self._ledger.epoch)
+                    raise ValueError(
+                        f"step {step} of epoch {self._ledger.epoch} is not sealed or no longer "
+                        f"kept; sealed steps held: {have[:1] + have[-1:] if have else 'none'}"
+                    )
+            self._persist(force=True)
+            return self._state(sealed)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make ``state`` (a merged checkpoint of this plan) the starting point of all views."""
+        progress = st.parse_state(state)
+        with self._lock:
+            epoch = state["epoch"]
+            st.check_compatible(state, st.PlanIdentity.of(self._plan(epoch)))
+            if not progress.is_complete:
+                raise ValueError(
+                    "the coordinator needs a merged state covering every split; merge the "
+                    "ranks' states with merge_state_dicts() first"
+                )
+            lg.restore(self._ledger, lg.Sealed(epoch, progress.global_step or 0,
+                                               self._ledger.world_size, progress.samples,
+                                               progress.positions))
+            self._persist(force=True)
+
+    def resize(self, world_size: int) -> dict[str, Any]:
+        with self._lock:
+            sealed = lg.resize(self._ledger, world_size)
+            self._rank_progress.clear()
+            self._persist(force=True)
+            return self._state(sealed)
+
+    def set_epoch(self, epoch: int) -> None:
+        with self._lock:
+            if epoch != self._ledger.epoch:
+                lg.advance_epoch(self._ledger, epoch)
+                self._rank_progress.clear()
+                self._persist(force=True)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            led = self._ledger
+            rate = 0.0
+            if len(self._seal_times) >= 2:
+                (t0, r0), (t1, r1) = self._seal_times[0], self._seal_times[-1]
+                rate = (r1 - r0) / (t1 - t0) if t1 > t0 else 0.0
+            start = led.start()
+            return {
+                "name": self._name, "epoch": led.epoch, "world_size": led.world_size,
+                "num_splits": led.num_splits, "sealed_step": start.step,
+                "sealed_rows": sum(start.samples),
+                "epoch_rows": self._plans[led.epoch].split_len * led.num_splits
+                if led.epoch in self._plans else None,
+                "rows_per_s": rate,
+                "ranks": {r: {"step": s, "rows": n} for r, (s, n) in
+                          sorted(self._rank_progress.items())},
+                "pending_steps": sorted(led.pending),
+                "table_version": self._table.version,
+            }
+
+
+_ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1,
+                  "max_concurrency": 4}
+
+
+class Coordinator:
+    """Driver-side handle of a coordinator actor."""
+
+    def __init__(self, handle: Any, name: str, namespace: str):
+        self.handle, self.name, self.namespace = handle, name, namespace
+
+    @classmethod
+    def create(
+        cls,
+        table: Any,
+        name: str,
+        *,
+        storage_path: str,
+        world_size: int,
+        num_splits: int | None = None,
+        shuffle: bool = True,
+        shuffle_seed: int | None = 0,
+        epoch: int = 0,
+        shuffle_clump_size: int | None = None,
+        filter: str | None = None,
+        table_version: int | None = None,
+        storage_options: StorageOptionsFactory | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        detached: bool = False,
+    ) -> Coordinator:
+        """Create the coordinator ``name`` (or attach to the live one of that name).
+
+        Call this from the job driver (or pass ``detached=True`` so it outlives the job),
+        never from a train worker: a non-detached actor dies with its creator.
+        ``storage_path`` must be reachable from every node; sealed progress is kept there.
+        """
+        if not detached and ray.get_runtime_context().get_actor_id() is not None:
+            raise RuntimeError(
+                "create the coordinator in the job driver (or with detached=True), not inside "
+                "an actor or train worker: it would die with that worker"
+            )
+        num_splits = world_size if num_splits is None else num_splits
+        shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
+                                       epoch=epoch, shuffle_clump_size=shuffle_clump_size,
+                                       filter=filter)
+        splits_per_rank(num_splits, world_size)
+        ref = resolve_table(table, version=table_version, storage_options=storage_options)
+        rows = count_rows(ref, filter, num_splits)
+        spec = PlanSpec(ref.version, num_splits, bool(shuffle), shuffle_seed, epoch,
+                        shuffle_clump_size, filter)
+        options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
+                   "get_if_exists": True, "lifetime": "detached" if detached else None}
+        handle = ray.remote(CoordinatorActor).options(**options).remote(
+            name, ref, asdict(spec), rows, world_size, str(storage_path))
+        ray.get(handle.describe.remote())  # surface construction errors here
+        return cls(handle, name, namespace)
+
+    @classmethod
+    def get(cls, name: str, namespace: str = DEFAULT_NAMESPACE) -> Coordinator:
+        """Find the live coordinator ``name`` in ``namespace``."""
+        try:
+            handle = ray.get_actor(name, namespace=namespace)
+        except ValueError as e:
+            raise ValueError(
+                f"no coordinator named {name!r} in namespace {namespace!r}; create it with "
+                "Coordinator.create() in the job driver first"
+            ) from e
+        return cls(handle, name, namespace)
+
+    def view(self, rank: int, world_size: int, **kwargs: Any) -> Any:
+        """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator."""
+        from .dataset import StreamingDataset
+
+        return StreamingDataset.from_coordinator(self.name, rank=rank, world_size=world_size,
+                                                 namespace=self.namespace, **kwargs)
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        return ray.get(self.handle.state_dict.remote(step))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ray.get(self.handle.load_state_dict.remote(state))
+
+    def resize(self, world_size: int) -> dict[str, Any]:
+        """Redistribute the splits over ``world_size`` ranks from the latest sealed step."""
+        return ray.get(self.handle.resize.remote(world_size))
+
+    def set_epoch(self, epoch: int) -> None:
+        ray.get(self.handle.set_epoch.remote(epoch))
+
+    def status(self) -> dict[str, Any]:
+        return ray.get(self.handle.status.remote())
+
+    def kill(self) -> None:
+        """Stop the actor for good (its persisted progress stays on storage)."""
+        ray.kill(self.handle, no_restart=True)
+
+
+class CoordinatorPlans:
+    """The ``PlanSource`` of a view attached to a coordinator."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+        self._last_report: Any = None
+
+    @classmethod
+    def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
+        return cls(Coordinator.get(name, namespace).handle)
+
+    def describe(self) -> tuple[TableRef, PlanSpec]:
+        return ray.get(self.handle.describe.remote())
+
+    def start(self, rank: int, world_size: int) -> dict[str, Any]:
+        return ray.get(self.handle.start.remote(rank, world_size))
+
+    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, st.PlanIdentity]:
+        return ray.get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
+
+    def report(self, rank: int, world_size: int, epoch: int, step: int,
+               samples: Sequence[int], positions: Sequence[int]) -> None:
+        # Fire and forget, but surface the previous report's error (e.g. a stale world size).
+        previous = self._last_report
+        if previous is not None:
+            ready, _ = ray.wait([previous], timeout=0)
+            if ready:
+                ray.get(previous)
+        self._last_report = self.handle.report.remote(rank, world_size, epoch, step,
+                                                      list(samples), list(positions))
+
+    def set_epoch(self, epoch: int) -> None:
+        ray.get(self.handle.set_epoch.remote(epoch))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"handle": self.handle, "_last_report": None}
