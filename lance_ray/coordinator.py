@@ -48,23 +48,21 @@ class CoordinatorActor:
     """The actor body. Use :class:`Coordinator` to create or find one."""
 
     def __init__(self, name: str, table: TableRef, spec: dict[str, Any], rows: int,
-                 world_size: int, storage_path: str, persist_interval_s: float = 0.2):
+                 world_size: int, storage_path: str):
         self._name = name
         self._table = table
         self._spec = PlanSpec(**spec)
         self._rows = rows
         self._path = Path(storage_path) / name / "coordinator.json"
-        self._persist_interval_s = persist_interval_s
         self._lock = threading.RLock()
         self._plan_lock = threading.Lock()
         self._plans: OrderedDict[int, SplitPlan] = OrderedDict()
         self._history: OrderedDict[tuple[int, int], lg.Sealed] = OrderedDict()
         self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
-        self._last_persist = 0.0
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch)
-        self._persist(force=True)
+        self._persist(durable=True)
 
     # ----------------------------------------------------------------- durability
 
@@ -89,18 +87,16 @@ class CoordinatorActor:
                     ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
         return ledger
 
-    def _persist(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_persist < self._persist_interval_s:
-            return
+    def _persist(self, *, durable: bool) -> None:
+        """Write the ledger. Every seal is written (a killed actor loses nothing);
+        ``durable`` adds an fsync, for states handed out as checkpoints."""
         led = self._ledger
         st.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
             "config": self._config(),
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
                        "epoch": led.epoch, "sealed": _sealed_to_json(led.sealed)},
-        })
-        self._last_persist = now
+        }, fsync=durable)
 
     # ----------------------------------------------------------------- plan
 
@@ -159,7 +155,7 @@ class CoordinatorActor:
             while len(self._history) > HISTORY_STEPS:
                 self._history.popitem(last=False)
             self._seal_times.append((time.monotonic(), sum(sealed.samples)))
-            self._persist()
+            self._persist(durable=False)
             return sealed.step
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
@@ -175,7 +171,7 @@ class CoordinatorActor:
                         f"step {step} of epoch {self._ledger.epoch} is not sealed or no longer "
                         f"kept; sealed steps held: {have[:1] + have[-1:] if have else 'none'}"
                     )
-            self._persist(force=True)
+            self._persist(durable=True)
             return self._state(sealed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -192,13 +188,13 @@ class CoordinatorActor:
             lg.restore(self._ledger, lg.Sealed(epoch, progress.global_step or 0,
                                                self._ledger.world_size, progress.samples,
                                                progress.positions))
-            self._persist(force=True)
+            self._persist(durable=True)
 
     def resize(self, world_size: int) -> dict[str, Any]:
         with self._lock:
             sealed = lg.resize(self._ledger, world_size)
             self._rank_progress.clear()
-            self._persist(force=True)
+            self._persist(durable=True)
             return self._state(sealed)
 
     def set_epoch(self, epoch: int) -> None:
@@ -206,7 +202,7 @@ class CoordinatorActor:
             if epoch != self._ledger.epoch:
                 lg.advance_epoch(self._ledger, epoch)
                 self._rank_progress.clear()
-                self._persist(force=True)
+                self._persist(durable=True)
 
     def status(self) -> dict[str, Any]:
         with self._lock:

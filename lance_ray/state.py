@@ -347,8 +347,12 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
             EXTRA_KEY: merged_extra}
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as JSON so that readers see the old file or the new one, never half."""
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
+    """Write ``obj`` as JSON so that readers see the old file or the new one, never half.
+
+    ``fsync=False`` still survives the writer's process dying (the rename is atomic); only
+    a machine crash can then lose the newest file.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
@@ -356,7 +360,8 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, sort_keys=True)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

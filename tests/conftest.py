@@ -56,12 +56,25 @@ def table_1k(table_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_session(tmp_path_factory) -> Iterator[None]:
-    """One local Ray cluster for the whole test session, sized for 2 cores."""
-    import ray
+def ray_cluster() -> Iterator[object]:
+    """One real two-node Ray cluster (head + one worker node) for the whole session.
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=str(tmp_path_factory.mktemp("ray")))
-    yield
+    Sized for 2 cores: one CPU per node. Each node carries a marker resource
+    (``at_head`` / ``at_w1``) so tests can place actors on a chosen node.
+    """
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, connect=True,
+                      head_node_args={"num_cpus": 1, "resources": {"at_head": 1},
+                                      "include_dashboard": False})
+    cluster.add_node(num_cpus=1, resources={"at_w1": 1})
+    cluster.wait_for_nodes()
+    yield cluster
     ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_cluster) -> None:
+    """Ray is connected (to the session's two-node cluster)."""
