@@ -95,7 +95,7 @@ def main() -> None:
     uri = table.to_lance().uri
     plan = {"num_splits": args.num_splits, "shuffle_seed": args.seed,
             "table_version": table.version}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
 
     logger.info("uninterrupted reference run on 1 rank")
     full, _ = run_steps(uri, 1, args.global_batch, plan)

@@ -190,6 +190,11 @@ class CoordinatorActor:
                                                progress.positions))
             self._persist(durable=True)
 
+    def initial_state(self) -> dict[str, Any]:
+        """Zero progress at the epoch the coordinator was created for."""
+        zeros = (0,) * self._spec.num_splits
+        return self._state(lg.Sealed(self._spec.epoch, 0, self._ledger.world_size, zeros, zeros))
+
     def resize(self, world_size: int) -> dict[str, Any]:
         with self._lock:
             sealed = lg.resize(self._ledger, world_size)
@@ -260,6 +265,8 @@ class Coordinator:
         Call this from the job driver (or pass ``detached=True`` so it outlives the job),
         never from a train worker: a non-detached actor dies with its creator.
         ``storage_path`` must be reachable from every node; sealed progress is kept there.
+        Keep the returned handle alive while the run needs the actor: a non-detached actor
+        is stopped when its last handle goes away.
         """
         if not detached and ray.get_runtime_context().get_actor_id() is not None:
             raise RuntimeError(
@@ -306,6 +313,10 @@ class Coordinator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get(self.handle.load_state_dict.remote(state))
+
+    def initial_state(self) -> dict[str, Any]:
+        """The state of a run that starts from scratch (zero progress, creation epoch)."""
+        return ray.get(self.handle.initial_state.remote())
 
     def resize(self, world_size: int) -> dict[str, Any]:
         """Redistribute the splits over ``world_size`` ranks from the latest sealed step."""

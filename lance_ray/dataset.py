@@ -13,7 +13,14 @@ from . import state as st
 from .batching import Batch, assemble, requests_for, selected_batches
 from .convert import batch_to_torch
 from .order import RankStream, stream_for
-from .plan import PlanSpec, SplitPlan, check_plan_args, positive_int, rank_splits
+from .plan import (
+    PlanSpec,
+    SplitPlan,
+    check_epoch_seed,
+    check_plan_args,
+    positive_int,
+    rank_splits,
+)
 from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource
 from .read import LocalReader, RayDataReader, Transform
 from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
@@ -96,13 +103,16 @@ class StreamingDataset(IterableDataset):
         ray_remote_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
                                        filter=filter)
         table_ref = resolve_table(table, version=table_version, storage_options=storage_options)
         rows = count_rows(table_ref, filter, num_splits)
-        spec = PlanSpec(table_ref.version, num_splits, bool(shuffle), shuffle_seed, epoch,
+        spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
                         shuffle_clump_size, filter)
         self._init_view(table_ref, spec, LocalPlans(table_ref, rows), rank=rank,
                         world_size=world_size, columns=columns, transform=transform,
@@ -148,6 +158,8 @@ class StreamingDataset(IterableDataset):
                    read_batch_size: int, prefetch_batches: int, reader: str,
                    ray_remote_args: dict[str, Any] | None) -> None:
         positive_int("world_size", world_size)
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
         self._owned = rank_splits(rank, world_size, spec.num_splits)
         positive_int("read_batch_size", read_batch_size)
         positive_int("prefetch_batches", prefetch_batches)
@@ -167,11 +179,15 @@ class StreamingDataset(IterableDataset):
         self._set_plan(spec)
 
     def _set_plan(self, spec: PlanSpec) -> None:
-        self._plan, self._identity = self._plans.part(spec, self._owned)
+        self._install_plan(spec, *self._plans.part(spec, self._owned))
+
+    def _install_plan(self, spec: PlanSpec, plan: SplitPlan, identity: st.PlanIdentity) -> None:
+        """Switch to ``plan`` from its start; any running iterator becomes stale."""
+        self._plan, self._identity = plan, identity
         self._spec = spec
         zeros = [0] * spec.num_splits
         generation = getattr(self, "_cursor", _Cursor([], [])).generation
-        self._cursor = _Cursor(list(zeros), list(zeros), generation=generation)
+        self._cursor = _Cursor(list(zeros), list(zeros), generation=generation + 1)
 
     # ----------------------------------------------------------------------- properties
 
@@ -191,6 +207,11 @@ class StreamingDataset(IterableDataset):
     @property
     def world_size(self) -> int:
         return self._world_size
+
+    @property
+    def global_step(self) -> int:
+        """Batches delivered in this epoch (resumed states continue their count)."""
+        return self._cursor.batches
 
     @property
     def table_version(self) -> int:
@@ -269,17 +290,17 @@ class StreamingDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch``'s plan from its start (no-op if already on it)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        check_epoch_seed(self._spec.shuffle_seed, epoch)
         if epoch == self._spec.epoch:
             return
         left = self.samples_remaining
         if left and self._cursor.consumed + sum(self._cursor.samples):
             logger.warning("leaving epoch %d with %d samples of rank %d unread",
                            self._spec.epoch, left, self._rank)
+        spec = self._spec.for_epoch(epoch)
+        part = self._plans.part(spec, self._owned)  # may fail: nothing has changed yet
         self._plans.set_epoch(epoch)
-        self._set_plan(self._spec.for_epoch(epoch))
-        self._cursor.generation += 1
+        self._install_plan(spec, *part)
 
     def _begin(self) -> tuple[RankStream, int]:
         """Start an iterator: next epoch if this one is done, then a fresh generation."""

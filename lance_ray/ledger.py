@@ -135,7 +135,16 @@ def advance_epoch(ledger: Ledger, epoch: int) -> None:
 
 
 def restore(ledger: Ledger, sealed: Sealed) -> None:
-    """Make ``sealed`` (e.g. from a checkpoint) the starting point, dropping pending reports."""
+    """Make ``sealed`` (e.g. from a checkpoint) the starting point, dropping pending reports.
+
+    Restoring the progress the ledger already starts from is a no-op, so every rank of a
+    restarted group may restore the same checkpoint without wiping the others' reports.
+    """
+    current = ledger.start()
+    if (current.epoch, current.step, current.samples, current.positions) == (
+        sealed.epoch, sealed.step, sealed.samples, sealed.positions
+    ):
+        return
     ledger.epoch = sealed.epoch
     ledger.sealed = sealed
     ledger.pending.clear()

@@ -19,16 +19,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Segment:
-    """Levels ``[lo, hi)`` during which the splits ``active`` (local indices) all yield."""
+    """``count`` samples from level ``lo`` on, cycling over the splits ``active`` (local
+    indices, ascending): sample k of the segment is split ``active[k % len(active)]`` at
+    level ``lo + k // len(active)``."""
 
     start: int  # index of the segment's first sample in the remaining sequence
     lo: int
-    hi: int
     active: np.ndarray
-
-    @property
-    def size(self) -> int:
-        return (self.hi - self.lo) * len(self.active)
+    count: int
 
 
 @dataclass(frozen=True)
@@ -48,34 +46,39 @@ class RankStream:
         if not (len(self.splits) == len(self.samples) == len(self.positions)):
             raise ValueError("splits, samples and positions must have the same length")
 
-    def end_level(self) -> int:
-        """The level at which the sequence ends.
+    def segments(self) -> list[Segment]:
+        """The sequence as runs of levels with a constant set of active splits.
 
-        Without skipped rows every split ends at ``split_len``. A split whose position ran
-        ahead of its sample count (rows skipped) runs out early, and like the reference the
-        rank stops at the first cycle in which any owned split has no row left.
+        Split i has rows up to level ``end_i = samples_i + (split_len - positions_i)``
+        (earlier than ``split_len`` only if rows were skipped). Like the reference, the
+        catch-up stops at the first lagging split with no row left, and round-robin cycles
+        run only while every split still has a row.
         """
         if not self.splits:
-            return 0
-        lead = max(p - s for s, p in zip(self.samples, self.positions))
-        return self.split_len - lead
-
-    def segments(self) -> list[Segment]:
-        """The sequence as runs of levels with a constant set of active splits."""
+            return []
         counts = np.asarray(self.samples, dtype=np.int64)
-        end = self.end_level()
-        # A split joins at its own count; the active set changes only at distinct counts.
-        bounds = sorted({int(c) for c in counts if c < end} | {end})
+        ends = counts + self.split_len - np.asarray(self.positions, dtype=np.int64)
+        top = int(counts.max())
+        dry = min(((int(ends[i]), i) for i in range(len(counts))
+                   if counts[i] < top and ends[i] < top), default=None)
         out: list[Segment] = []
         start = 0
+        bounds = sorted({int(c) for c in counts if c < top} | {top})
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            seg = Segment(start, lo, hi, np.flatnonzero(counts <= lo))
-            out.append(seg)
-            start += seg.size
+            active = np.flatnonzero(counts <= lo)
+            if dry is not None and dry[0] < hi:
+                before_dry = (dry[0] - lo) * len(active) + int(np.sum(active < dry[1]))
+                out.append(Segment(start, lo, active, before_dry))
+                return out
+            out.append(Segment(start, lo, active, (hi - lo) * len(active)))
+            start += out[-1].count
+        end = int(ends.min())
+        if end > top:
+            out.append(Segment(start, top, np.arange(len(counts)), (end - top) * len(counts)))
         return out
 
     def __len__(self) -> int:
-        return sum(seg.size for seg in self.segments())
+        return sum(seg.count for seg in self.segments())
 
     def slice(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Global split ids and read positions of samples ``start .. stop-1``."""
@@ -85,7 +88,7 @@ class RankStream:
         base = np.asarray(self.positions, dtype=np.int64) - np.asarray(self.samples, dtype=np.int64)
         for seg in self.segments():
             lo = max(start, seg.start)
-            hi = min(stop, seg.start + seg.size)
+            hi = min(stop, seg.start + seg.count)
             if lo >= hi:
                 continue
             k = np.arange(lo - seg.start, hi - seg.start, dtype=np.int64)
@@ -108,7 +111,7 @@ class RankStream:
         for seg in self.segments():
             if left <= 0:
                 break
-            use = min(left, seg.size)
+            use = min(left, seg.count)
             width = len(seg.active)
             taken[seg.active] += use // width
             taken[seg.active[: use % width]] += 1

@@ -85,6 +85,17 @@ def positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_epoch_seed(shuffle_seed: int, epoch: object) -> None:
+    """Raise unless ``epoch`` is valid and its seed fits the shuffler's 64-bit seed."""
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    if shuffle_seed + epoch * EPOCH_SEED_STRIDE >= 2**64:
+        raise ValueError(
+            f"shuffle_seed + {EPOCH_SEED_STRIDE} * epoch must be below 2**64 (the shuffler's "
+            f"seed), got shuffle_seed={shuffle_seed}, epoch={epoch}: use a smaller seed"
+        )
+
+
 def check_plan_args(*, num_splits: object, shuffle_seed: object, epoch: object,
                     shuffle_clump_size: object, filter: object) -> int:
     """Validate the plan arguments; returns the seed (drawn at random when None)."""
@@ -94,8 +105,9 @@ def check_plan_args(*, num_splits: object, shuffle_seed: object, epoch: object,
         shuffle_seed = int(np.random.SeedSequence().entropy % 2**32)  # type: ignore[operator]
     if not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool) or shuffle_seed < 0:
         raise ValueError(f"shuffle_seed must be a non-negative integer, got {shuffle_seed!r}")
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    check_epoch_seed(shuffle_seed, epoch)
+    if shuffle_clump_size is not None and shuffle_clump_size >= 2**63:  # type: ignore[operator]
+        raise ValueError(f"shuffle_clump_size must be below 2**63, got {shuffle_clump_size}")
     if filter is not None and (not isinstance(filter, str) or not filter.strip()):
         raise ValueError(f"filter must be a non-empty SQL string, got {filter!r}")
     return shuffle_seed

@@ -78,7 +78,14 @@ def take_in_order(
 
 def apply_transform(transform: Transform, batch: pa.RecordBatch) -> list[Any]:
     """Run the user's transform and insist on one item per row."""
-    items = list(transform(batch))
+    out = transform(batch)
+    try:
+        items = list(out)
+    except TypeError as e:
+        raise TypeError(
+            f"transform must return a sequence with one item per row, got "
+            f"{type(out).__name__}"
+        ) from e
     if len(items) != batch.num_rows:
         raise ValueError(
             f"transform returned {len(items)} items for a batch of {batch.num_rows} rows; a "

@@ -22,6 +22,9 @@ from .plan import SplitPlan, rank_splits
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+# No plan has more splits than this; a larger count in a state is corruption, and refusing it
+# early keeps a bad state from allocating huge lists.
+MAX_NUM_SPLITS = 1 << 24
 EXTRA_KEY = "lance_ray"
 REFERENCE_KEYS = ("shuffle_seed", "num_splits", "epoch", "samples_consumed_per_split")
 
@@ -165,6 +168,11 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
             "by state_dict() (or merge_state_dicts()) unchanged"
         )
     num_splits = _int_field(state, "num_splits", minimum=1)
+    if num_splits > MAX_NUM_SPLITS:
+        raise ValueError(
+            f"checkpoint field 'num_splits' is {num_splits}, more than any plan can have "
+            f"({MAX_NUM_SPLITS}); the state is corrupt: restore an earlier checkpoint"
+        )
     _int_field(state, "shuffle_seed")
     _int_field(state, "epoch")
     extra = state.get(EXTRA_KEY)
@@ -172,7 +180,7 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
         raise ValueError(f"checkpoint field {EXTRA_KEY!r} must be a dict, got {extra!r}")
     if extra:
         version = extra.get("format_version")
-        if version != FORMAT_VERSION:
+        if type(version) is not int or version != FORMAT_VERSION:
             raise ValueError(
                 f"checkpoint format_version {version!r} is not supported (this lance_ray "
                 f"reads version {FORMAT_VERSION}); upgrade lance_ray to load it"

@@ -105,7 +105,9 @@ def resolve_table(
         version = int(current)
     elif not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"table_version must be a positive integer, got {version!r}")
-    return TableRef(str(uri), int(version), storage_options)
+    ref = TableRef(str(uri), int(version), storage_options)
+    ref.open_lance()  # fail here, naming the version, if it does not exist
+    return ref
 
 
 def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:
@@ -130,6 +132,8 @@ def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | Non
         return None
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         raise TypeError(f"columns must be a list of column names, got {columns!r}")
+    if not columns:
+        raise ValueError("columns must name at least one column (or be None for all columns)")
     names = table.open_lance().schema.names
     unknown = [c for c in columns if c not in names]
     if unknown:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -86,10 +87,8 @@ def coord_factory(ray_session, table_1k, tmp_path):
 
     yield make
     for c in made:
-        try:
+        with contextlib.suppress(Exception):  # already gone: the test killed it
             c.kill()
-        except Exception:  # already gone: the test killed it
-            pass
 
 
 def test_views_on_two_nodes_seal_the_same_state_as_merging_their_own(coord_factory, ray_cluster):
@@ -160,8 +159,8 @@ def test_resize_2_to_4_to_1_is_exactly_once_with_identical_global_steps(coord_fa
     wait_sealed(coord, 18)
     steps += step_views(local_views(coord, 1))  # a new world size resizes on its own
     full = uninterrupted(table_1k)
-    report = compare_steps(coverage([i for s in full for i in s], [], [i for s in steps for i in s]),
-                           full, steps)
+    flat = [i for s in steps for i in s]
+    report = compare_steps(coverage([i for s in full for i in s], [], flat), full, steps)
     assert report.exactly_once and report.steps_identical, report
 
 

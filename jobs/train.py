@@ -1,0 +1,165 @@
+"""Train a small PyTorch model with Ray Train's TorchTrainer on a Lance table, exactly once.
+
+    ray job submit --working-dir . -- python jobs/train.py --db runs/demo/db --workers 2
+    python jobs/train.py --db runs/demo/db --workers 2 --crash-at-step 30 --stop-at-step 60
+    python jobs/train.py --db runs/demo/db --workers 4          # resumes the same run
+
+Every rank logs the sample ids of each global step under ``<storage>/<name>/samples`` so
+``jobs/verify.py`` can prove that the final model saw every sample exactly once. Re-running
+with the same ``--name`` and ``--storage-path`` resumes from the latest checkpoint, on any
+``--workers`` that divides ``--num-splits``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+import lancedb
+import ray
+import ray.train
+import torch
+from ray.train.torch import TorchTrainer
+
+import lance_ray
+import lance_ray.train as lt
+from lance_ray.audit import Attempt, SampleLog, new_attempt_id
+from lance_ray.coordinator import Coordinator
+
+logger = logging.getLogger("train")
+
+
+def shared_attempt_id(rank: int) -> str:
+    """One id for all ranks of this worker-group start (rank 0's, broadcast)."""
+    ids = [new_attempt_id() if rank == 0 else None]
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.broadcast_object_list(ids, src=0)
+    return str(ids[0])
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """``train_loop_per_worker``: runs on every rank, again from the top after a failure."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    ds = lt.get_dataset(config["name"], columns=["id", "v", "label"], read_batch_size=1024,
+                        ray_remote_args={"num_cpus": 0.5})
+    model = torch.nn.Sequential(torch.nn.Linear(config["dim"], 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 10))
+    saved = lt.load_model_state()
+    if saved is not None:
+        model.load_state_dict(saved)
+    ddp = ray.train.torch.prepare_model(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time())
+    log = SampleLog(config["log_dir"], attempt, rank)
+    crash_marker = Path(config["log_dir"]) / "crash-injected"
+    stop_at, every = config["stop_at_step"], config["checkpoint_every"]
+    logger.info("rank %d/%d starts at global step %d", rank, world_size, ds.global_step)
+    started, rows = time.monotonic(), 0
+    loss = torch.tensor(0.0)
+    for batch in ds.iter_batches(config["global_batch"] // world_size):
+        step = ds.global_step
+        loss = torch.nn.functional.cross_entropy(ddp(batch["v"]), batch["label"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        log.write(step, batch["id"].tolist())
+        rows += len(batch["id"])
+        if step == config["crash_at_step"] and rank == world_size - 1 and not crash_marker.exists():
+            crash_marker.touch()
+            logger.warning("rank %d: injected crash at global step %d", rank, step)
+            os._exit(1)
+        if step % every == 0 or step == stop_at:
+            lt.report({"loss": float(loss)}, ds, model_state=model.state_dict())
+            if rank == 0:
+                logger.info("step %d loss %.3f, %.0f rows/s on this rank", step, float(loss),
+                            rows / (time.monotonic() - started))
+        if stop_at and step >= stop_at:
+            break
+    else:
+        if ds.global_step % every:
+            lt.report({"loss": float(loss)}, ds, model_state=model.state_dict())
+    log.close()
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster named by ``--address`` or ``RAY_ADDRESS`` (``ray job submit`` sets
+    it); otherwise start a local one with train slots, sized for 2 cores."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address)
+    else:
+        ray.init(address="local", num_cpus=2, resources={"slot": 8}, include_dashboard=False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--db", default="runs/demo/db")
+    p.add_argument("--table", default="demo")
+    p.add_argument("--name", default="demo-run", help="run name (RunConfig and coordinator)")
+    p.add_argument("--storage-path", default="runs/demo/storage")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--num-splits", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=64)
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step (0: epoch)")
+    p.add_argument("--crash-at-step", type=int, default=-1, help="kill a worker once here")
+    p.add_argument("--max-failures", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--address", default=None)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    storage = Path(args.storage_path).resolve()
+    run_dir = storage / args.name
+
+    lt.check_world_sizes(args.workers, args.num_splits)
+    if args.global_batch % args.workers:
+        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by --workers")
+    connect(args.address)
+    table = lancedb.connect(str(Path(args.db).resolve())).open_table(args.table)
+    run = {"db": str(Path(args.db).resolve()), "table": args.table,
+           "num_splits": args.num_splits, "shuffle_seed": args.seed,
+           "global_batch": args.global_batch, "table_version": table.version}
+    run_file = run_dir / "run.json"
+    if run_file.exists():  # a resumed run keeps its plan and global batch
+        saved = lance_ray.state.read_json(run_file)
+        changed = {k: (saved[k], v) for k, v in run.items() if saved.get(k) != v
+                   and k != "table_version"}
+        if changed:
+            raise SystemExit(f"run {args.name!r} was started with other settings: {changed}")
+        run = saved
+    else:
+        lance_ray.state.write_json_atomic(run_file, run)
+    # Keep the handle: a non-detached actor lives only as long as its handle does.
+    coordinator = Coordinator.create(table, args.name, storage_path=str(run_dir / "coordinator"),
+                       world_size=args.workers, num_splits=args.num_splits,
+                       shuffle_seed=args.seed, table_version=run["table_version"])
+    slots = ray.cluster_resources().get("slot", 0)
+    resources = {"slot": 1} if slots >= args.workers else {"CPU": 0.5}
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"name": args.name, "dim": 16, "global_batch": args.global_batch,
+                           "checkpoint_every": args.checkpoint_every,
+                           "stop_at_step": args.stop_at_step, "crash_at_step": args.crash_at_step,
+                           "log_dir": str(run_dir / "samples")},
+        scaling_config=ray.train.ScalingConfig(num_workers=args.workers,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=args.name, storage_path=str(storage),
+            failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3)),
+    )
+    result = trainer.fit()
+    status = coordinator.status()
+    print(f"run {args.name!r} on {args.workers} workers finished at global step "
+          f"{result.metrics.get('global_step')}; coordinator sealed step {status['sealed_step']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Ray Train helpers: a rank's view, and checkpoints that carry the data state.
+
+Inside ``train_loop_per_worker``::
+
+    ds = lance_ray.train.get_dataset("my-run")          # rank/world size from Ray Train
+    model = ...; model.load_state_dict(lance_ray.train.load_model_state() or model.state_dict())
+    for batch in ds.iter_batches(64):
+        ...
+        if ds.global_step % 50 == 0:
+            lance_ray.train.report({"loss": loss}, ds, model_state=model.state_dict())
+
+Every rank writes its own data state into the checkpoint it reports (the report is a
+barrier, so they are all taken at the same global step). On a restart, or a new run with the
+same ``RunConfig(name, storage_path)``, :func:`get_dataset` merges those states and resumes
+from *them*: the data state that belongs to the model checkpoint Ray Train restores, never
+live progress past it (the restored model never trained on that).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .coordinator import Coordinator
+from .dataset import StreamingDataset
+from .plan import valid_world_sizes
+from .plan_source import DEFAULT_NAMESPACE
+from .state import load_state, merge_state_dicts, save_state
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "lance_ray_state_rank{rank}.json"
+MODEL_FILE = "model.pt"
+_STATE_RE = re.compile(r"lance_ray_state_rank(\d+)\.json$")
+
+
+def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int) -> None:
+    """Refuse, before training starts, world sizes that cannot read ``num_splits`` splits.
+
+    ``num_workers`` is a ``ScalingConfig.num_workers``: an int, or ``(min, max)`` for
+    elastic training, where every size in the range must divide ``num_splits``.
+    """
+    lo, hi = (num_workers, num_workers) if isinstance(num_workers, int) else num_workers
+    bad = [w for w in range(max(lo, 1), hi + 1) if num_splits % w]
+    if bad:
+        raise ValueError(
+            f"world sizes {bad} in num_workers={num_workers!r} do not divide num_splits "
+            f"({num_splits}); valid world sizes are {valid_world_sizes(num_splits)}: narrow "
+            "the range or choose a more composite num_splits (e.g. 48 or 60)"
+        )
+
+
+def checkpoint_data_state(checkpoint_dir: str | Path) -> dict[str, Any] | None:
+    """The merged data state stored in a checkpoint directory (None if it has none)."""
+    files = sorted(p for p in Path(checkpoint_dir).iterdir() if _STATE_RE.search(p.name))
+    if not files:
+        return None
+    return merge_state_dicts([load_state(p) for p in files])
+
+
+def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
+                **view_kwargs: Any) -> StreamingDataset:
+    """This worker's view, resumed from the data state of the checkpoint being restored.
+
+    With no checkpoint the run starts the coordinator's epoch from its beginning (a model
+    that starts from scratch must see every sample). ``view_kwargs`` go to
+    :meth:`StreamingDataset.from_coordinator` (``columns``, ``transform``, ``reader``, ...).
+    """
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    coord = Coordinator.get(coordinator, namespace)
+    state = None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            state = checkpoint_data_state(d)
+    if state is None:
+        state = coord.initial_state()
+    else:
+        logger.info("rank %d resumes from the checkpoint's data state at global step %s",
+                    rank, state["lance_ray"]["global_step"])
+    coord.load_state_dict(state)  # idempotent: every rank restores the same state
+    ds = coord.view(rank, world_size, **view_kwargs)
+    ds.load_state_dict(state)
+    return ds
+
+
+def report(metrics: dict[str, Any], dataset: StreamingDataset, *,
+           model_state: dict[str, Any] | None = None) -> None:
+    """``ray.train.report`` with a checkpoint holding this rank's data state (and, from
+    rank 0, ``model_state``). Call it on every rank at the same global step."""
+    import ray.train
+    import torch
+
+    with tempfile.TemporaryDirectory() as d:
+        save_state(Path(d) / STATE_FILE.format(rank=dataset.rank), dataset.state_dict())
+        if model_state is not None and dataset.rank == 0:
+            torch.save(model_state, Path(d) / MODEL_FILE)
+        ray.train.report({**metrics, "global_step": dataset.global_step},
+                         checkpoint=ray.train.Checkpoint.from_directory(d))
+
+
+def load_model_state() -> dict[str, Any] | None:
+    """The model state saved by :func:`report` in the checkpoint being restored, if any."""
+    import ray.train
+    import torch
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as d:
+        path = Path(d) / MODEL_FILE
+        # weights_only: a checkpoint must never run code when it is loaded.
+        return torch.load(path, weights_only=True) if path.exists() else None
