@@ -92,13 +92,16 @@ def train_loop(config: dict[str, Any]) -> None:
 def connect(address: str | None) -> None:
     """Join the cluster named by ``--address`` or ``RAY_ADDRESS`` (``ray job submit`` sets
     it); otherwise start a local one with train slots, sized for 2 cores."""
+    if ray.is_initialized():
+        return
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address)
     else:
         ray.init(address="local", num_cpus=2, resources={"slot": 8}, include_dashboard=False)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) the training run; returns its final metrics."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", default="runs/demo/db")
     p.add_argument("--table", default="demo")
@@ -113,7 +116,11 @@ def main() -> None:
     p.add_argument("--max-failures", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--address", default=None)
-    args = p.parse_args()
+    p.add_argument("--local-mode", action="store_true",
+                   help="run the loop in this process (ScalingConfig(num_workers=0))")
+    args = p.parse_args(argv)
+    if args.local_mode:
+        args.workers = 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     storage = Path(args.storage_path).resolve()
     run_dir = storage / args.name
@@ -142,14 +149,15 @@ def main() -> None:
                        shuffle_seed=args.seed, table_version=run["table_version"])
     slots = ray.cluster_resources().get("slot", 0)
     resources = {"slot": 1} if slots >= args.workers else {"CPU": 0.5}
+    scaling = ray.train.ScalingConfig(num_workers=0 if args.local_mode else args.workers,
+                                      resources_per_worker=resources)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"name": args.name, "dim": 16, "global_batch": args.global_batch,
                            "checkpoint_every": args.checkpoint_every,
                            "stop_at_step": args.stop_at_step, "crash_at_step": args.crash_at_step,
                            "log_dir": str(run_dir / "samples")},
-        scaling_config=ray.train.ScalingConfig(num_workers=args.workers,
-                                               resources_per_worker=resources),
+        scaling_config=scaling,
         run_config=ray.train.RunConfig(
             name=args.name, storage_path=str(storage),
             failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
@@ -157,8 +165,10 @@ def main() -> None:
     )
     result = trainer.fit()
     status = coordinator.status()
+    metrics = dict(result.metrics or {})
     print(f"run {args.name!r} on {args.workers} workers finished at global step "
-          f"{result.metrics.get('global_step')}; coordinator sealed step {status['sealed_step']}")
+          f"{metrics.get('global_step')}; coordinator sealed step {status['sealed_step']}")
+    return metrics
 
 
 if __name__ == "__main__":

@@ -65,10 +65,11 @@ def ray_cluster() -> Iterator[object]:
     import ray
     from ray.cluster_utils import Cluster
 
+    # "slot": train workers ask for slots, not CPUs, so Ray Data reads always get a CPU.
     cluster = Cluster(initialize_head=True, connect=True,
-                      head_node_args={"num_cpus": 1, "resources": {"at_head": 1},
+                      head_node_args={"num_cpus": 1, "resources": {"at_head": 1, "slot": 2},
                                       "include_dashboard": False})
-    cluster.add_node(num_cpus=1, resources={"at_w1": 1})
+    cluster.add_node(num_cpus=1, resources={"at_w1": 1, "slot": 2})
     cluster.wait_for_nodes()
     yield cluster
     ray.shutdown()
