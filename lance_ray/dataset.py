@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -22,12 +23,15 @@ from .plan import (
     rank_splits,
 )
 from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource
-from .read import LocalReader, RayDataReader, Transform
+from .read import LocalReader, RayDataReader
+from .stats import Meter, ViewStats
 from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
+from .transform import ErrorPolicy, Skipped, Transform, TransformPolicy, check_policy, delivered
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_READ_BATCH_SIZE = 4096
+T = TypeVar("T")
 READERS = ("ray", "local")
 
 
@@ -72,6 +76,11 @@ class StreamingDataset(IterableDataset):
         columns: columns to read (default all).
         transform: ``f(pyarrow.RecordBatch) -> sequence`` of one item per row; runs in Ray
             Data tasks. Default items are dicts of the row's Python values.
+        on_transform_error: ``"raise"`` (default); ``"skip"`` / ``"warn"`` (leave the failed
+            sample out; its slot still counts, so every rank yields the same number of
+            steps); ``"fill"`` (deliver ``fill_value`` instead); or ``callable(exc) -> bool``
+            (True skips). Failing batches are retried row by row: keep transforms
+            deterministic.
         read_batch_size: rows per read task (one sorted Lance take each).
         prefetch_batches: read chunks kept in flight ahead of the consumer.
         reader: ``"ray"`` or ``"local"``.
@@ -94,6 +103,8 @@ class StreamingDataset(IterableDataset):
         columns: list[str] | None = None,
         filter: str | None = None,
         transform: Transform | None = None,
+        on_transform_error: ErrorPolicy = "raise",
+        fill_value: Any = None,
         shuffle_clump_size: int | None = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
         prefetch_batches: int = 2,
@@ -115,7 +126,8 @@ class StreamingDataset(IterableDataset):
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
                         shuffle_clump_size, filter)
         self._init_view(table_ref, spec, LocalPlans(table_ref, rows), rank=rank,
-                        world_size=world_size, columns=columns, transform=transform,
+                        world_size=world_size, columns=columns,
+                        transform=_policy(transform, on_transform_error, fill_value),
                         read_batch_size=read_batch_size, prefetch_batches=prefetch_batches,
                         reader=reader, ray_remote_args=ray_remote_args)
 
@@ -129,6 +141,8 @@ class StreamingDataset(IterableDataset):
         namespace: str = DEFAULT_NAMESPACE,
         columns: list[str] | None = None,
         transform: Transform | None = None,
+        on_transform_error: ErrorPolicy = "raise",
+        fill_value: Any = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
         prefetch_batches: int = 2,
         reader: str = "ray",
@@ -147,14 +161,17 @@ class StreamingDataset(IterableDataset):
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
         self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size,
-                        columns=columns, transform=transform, read_batch_size=read_batch_size,
+                        columns=columns,
+                        transform=_policy(transform, on_transform_error, fill_value),
+                        read_batch_size=read_batch_size,
                         prefetch_batches=prefetch_batches, reader=reader,
                         ray_remote_args=ray_remote_args)
         self.load_state_dict(plans.start(rank, world_size))
         return self
 
     def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource, *, rank: int,
-                   world_size: int, columns: list[str] | None, transform: Transform | None,
+                   world_size: int, columns: list[str] | None,
+                   transform: TransformPolicy | None,
                    read_batch_size: int, prefetch_batches: int, reader: str,
                    ray_remote_args: dict[str, Any] | None) -> None:
         positive_int("world_size", world_size)
@@ -165,8 +182,6 @@ class StreamingDataset(IterableDataset):
         positive_int("prefetch_batches", prefetch_batches)
         if reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
-        if transform is not None and not callable(transform):
-            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
         self._table = table
         self._columns = check_columns(table, columns)
         self._rank, self._world_size = rank, world_size
@@ -176,6 +191,7 @@ class StreamingDataset(IterableDataset):
         self._reader_kind = reader
         self._ray_remote_args = ray_remote_args
         self._plans = plans
+        self._meter = Meter(ViewStats(), rank)
         self._set_plan(spec)
 
     def _set_plan(self, spec: PlanSpec) -> None:
@@ -337,6 +353,29 @@ class StreamingDataset(IterableDataset):
         reader = self._reader(in_worker=get_worker_info() is not None or num_workers > 1)
         return assemble(reader.iter_chunks(iter(requests)), wanted)
 
+    def _timed(self, batches: Iterator[T]) -> Iterator[tuple[T, float]]:
+        """Each batch with the time the consumer waited for it."""
+        while True:
+            started = time.monotonic()
+            batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch, time.monotonic() - started
+
+    def _delivered(self, size: int, nbytes: int, skipped: int, wait_s: float, *,
+                   batches: int) -> None:
+        """Commit ``size`` sample slots as consumed and record the delivery."""
+        self._commit(size, batches=batches)
+        c = self._cursor
+        self._meter.record(size, nbytes, skipped, wait_s, batches=batches,
+                              epoch=self._spec.epoch, position=sum(c.samples) + c.consumed,
+                              total=len(self._owned) * self._plan.split_len)
+
+    @property
+    def stats(self) -> ViewStats:
+        """Exact counters of what this view delivered (rows, bytes, waits, skips, rate)."""
+        return self._meter.stats
+
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
         stream, generation = self._begin()
@@ -344,12 +383,17 @@ class StreamingDataset(IterableDataset):
             logger.warning("iterating a StreamingDataset in a plain DataLoader worker: use "
                            "StreamingDataLoader so checkpoints count only consumed batches")
         # Batches the size of a read chunk: each is one chunk, so nothing is re-joined.
-        for batch in self._read_batches(stream, self._read_batch_size):
+        for batch, wait_s in self._timed(self._read_batches(stream, self._read_batch_size)):
             rows = batch.payload if isinstance(batch.payload, list) else batch.payload.to_pylist()
+            nbytes = 0 if isinstance(batch.payload, list) else batch.payload.nbytes
+            self._meter.record(0, nbytes, 0, wait_s, batches=0, epoch=self._spec.epoch,
+                                  position=0, total=0)
             for row in rows:
                 self._check_generation(generation)
-                self._commit(1)
-                yield row
+                skipped = isinstance(row, Skipped)
+                self._delivered(1, 0, int(skipped), 0.0, batches=0)
+                if not skipped:
+                    yield row
 
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
                      ) -> Iterator[Any]:
@@ -358,14 +402,16 @@ class StreamingDataset(IterableDataset):
         Without a transform a batch is ``{column: tensor}`` built straight from Arrow (lists
         for non-numeric columns); with one, ``collate_fn`` (default torch's
         ``default_collate``) collates the items. Each batch is committed when it is handed
-        over, so ``state_dict()`` between batches is exact.
+        over, so ``state_dict()`` between batches is exact. Samples whose transform failed
+        under ``on_transform_error="skip"`` are left out, so such a batch is smaller (an
+        empty list if none is left); every rank still yields the same number of batches.
         """
         positive_int("batch_size", batch_size)
         stream, generation = self._begin()
-        for batch in self._read_batches(stream, batch_size):
-            out = collate(batch.payload, collate_fn)
+        for batch, wait_s in self._timed(self._read_batches(stream, batch_size)):
+            out, nbytes, skipped = collate(batch.payload, collate_fn)
             self._check_generation(generation)
-            self._commit(batch.size, batches=1)
+            self._delivered(batch.size, nbytes, skipped, wait_s, batches=1)
             yield out
 
     def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
@@ -375,14 +421,30 @@ class StreamingDataset(IterableDataset):
         return list(zip(splits.tolist(), positions.tolist()))
 
 
-def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None) -> Any:
-    """Turn one assembled batch into what the trainer receives."""
+def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
+            ) -> tuple[Any, int, int]:
+    """One assembled batch as the trainer receives it, its Arrow bytes and skipped count."""
     if isinstance(payload, list):
+        kept, skipped = delivered(payload)
+        if not kept:
+            return [], 0, skipped
         if collate_fn is None:
             from torch.utils.data import default_collate
 
-            return default_collate(payload)
-        return collate_fn(payload)
+            return default_collate(kept), 0, skipped
+        return collate_fn(kept), 0, skipped
     if collate_fn is None:
-        return batch_to_torch(payload)
-    return collate_fn(payload.to_pylist())
+        return batch_to_torch(payload), payload.nbytes, 0
+    return collate_fn(payload.to_pylist()), payload.nbytes, 0
+
+
+def _policy(transform: Transform | None, on_error: ErrorPolicy, fill_value: Any
+            ) -> TransformPolicy | None:
+    check_policy(on_error)
+    if transform is None:
+        if on_error != "raise":
+            raise ValueError("on_transform_error needs a transform: without one nothing can fail")
+        return None
+    if not callable(transform):
+        raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+    return TransformPolicy(transform, on_error, fill_value)

@@ -15,6 +15,8 @@ class _Delivered(NamedTuple):
     index: int
     size: int
     data: Any
+    nbytes: int
+    skipped: int
 
 
 def _identity(x: Any) -> Any:
@@ -41,7 +43,7 @@ class _BatchSource(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for batch in self.dataset._read_batches(self.stream, self.batch_size, worker=worker,
                                                 num_workers=workers):
-            yield _Delivered(batch.index, batch.size, collate(batch.payload, self.collate_fn))
+            yield _Delivered(batch.index, batch.size, *collate(batch.payload, self.collate_fn))
 
 
 class StreamingDataLoader(DataLoader):
@@ -103,14 +105,15 @@ class StreamingDataLoader(DataLoader):
         dataset = self._streaming_dataset
         expected = 0
         try:
-            for delivered in inner:
+            for delivered, wait_s in dataset._timed(inner):
                 if delivered.index != expected:
                     raise RuntimeError(
                         f"batch {delivered.index} arrived where batch {expected} was due; "
                         "refusing to commit out-of-order progress"
                     )
                 dataset._check_generation(generation)
-                dataset._commit(delivered.size, batches=1)
+                dataset._delivered(delivered.size, delivered.nbytes, delivered.skipped, wait_s,
+                                   batches=1)
                 expected += 1
                 yield delivered.data
         finally:

@@ -14,7 +14,7 @@ Two readers share the same read function and the same output (an ordered stream 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,13 +23,13 @@ import numpy as np
 import pyarrow as pa
 
 from .table import TableRef
+from .transform import TransformPolicy
 
 logger = logging.getLogger(__name__)
 
 SEQ_COLUMN = "__lance_ray_seq"
 ITEM_COLUMN = "__lance_ray_item"
 
-Transform = Callable[[pa.RecordBatch], Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -76,36 +76,18 @@ def take_in_order(
     )
 
 
-def apply_transform(transform: Transform, batch: pa.RecordBatch) -> list[Any]:
-    """Run the user's transform and insist on one item per row."""
-    out = transform(batch)
-    try:
-        items = list(out)
-    except TypeError as e:
-        raise TypeError(
-            f"transform must return a sequence with one item per row, got "
-            f"{type(out).__name__}"
-        ) from e
-    if len(items) != batch.num_rows:
-        raise ValueError(
-            f"transform returned {len(items)} items for a batch of {batch.num_rows} rows; a "
-            "transform must return exactly one item per input row (filter rows with the "
-            "`filter` argument instead of dropping them in the transform)"
-        )
-    return items
-
-
 class LocalReader:
     """Reads chunks in this process, one chunk ahead on a background thread."""
 
-    def __init__(self, table: TableRef, columns: list[str] | None, transform: Transform | None):
+    def __init__(self, table: TableRef, columns: list[str] | None,
+                 transform: TransformPolicy | None):
         self.table, self.columns, self.transform = table, columns, transform
 
     def _read(self, req: ChunkRequest) -> ChunkResult:
         batch = take_in_order(self.table, req.row_ids, self.columns)
         if self.transform is None:
             return ChunkResult(req.seq, batch, None)
-        return ChunkResult(req.seq, None, apply_transform(self.transform, batch))
+        return ChunkResult(req.seq, None, self.transform(batch))
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
         with ThreadPoolExecutor(1, thread_name_prefix="lance_ray_read") as pool:
@@ -155,7 +137,7 @@ def _datasource_cls() -> type:
 class _TransformStage:
     """The ``map_batches`` function: user transform, items kept as an object column."""
 
-    def __init__(self, transform: Transform):
+    def __init__(self, transform: TransformPolicy):
         self.transform = transform
 
     def __call__(self, table: pa.Table) -> dict[str, np.ndarray]:
@@ -164,15 +146,16 @@ class _TransformStage:
         batch = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist(
             [], schema=data.schema)
         items = np.empty(batch.num_rows, dtype=object)
-        items[:] = apply_transform(self.transform, batch)
+        items[:] = self.transform(batch)
         return {ITEM_COLUMN: items, SEQ_COLUMN: seq}
 
 
 class RayDataReader:
     """Reads chunks through an order-preserving Ray Data streaming pipeline."""
 
-    def __init__(self, table: TableRef, columns: list[str] | None, transform: Transform | None,
-                 *, prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None):
+    def __init__(self, table: TableRef, columns: list[str] | None,
+                 transform: TransformPolicy | None, *, prefetch_batches: int = 2,
+                 ray_remote_args: dict[str, Any] | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = dict(ray_remote_args or {})

@@ -65,6 +65,10 @@ def ray_cluster() -> Iterator[object]:
     import ray
     from ray.cluster_utils import Cluster
 
+    # Workers must import functions defined in test modules (transforms, train loops).
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH"))
+                                               if p)
     # "slot": train workers ask for slots, not CPUs, so Ray Data reads always get a CPU.
     cluster = Cluster(initialize_head=True, connect=True,
                       head_node_args={"num_cpus": 1, "resources": {"at_head": 1, "slot": 2},

@@ -1,0 +1,94 @@
+"""Transforms that fail: skipped or filled samples keep every rank in lockstep and keep
+checkpoints exact; and the view's counters are exact."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import lance_ray
+from lance_ray.transform import Skipped, TransformPolicy
+
+
+def ids_unless_bad(batch: pa.RecordBatch) -> list[int]:
+    """Fails on any batch holding an id with id % 7 == 3 (deterministic)."""
+    ids = batch.column("id").to_pylist()
+    if any(i % 7 == 3 for i in ids):
+        raise ValueError("bad row")
+    return ids
+
+
+def make(table, rank=0, world_size=2, on_error="skip", **kw):
+    return lance_ray.StreamingDataset(table, num_splits=8, rank=rank, world_size=world_size,
+                                      transform=ids_unless_bad, on_transform_error=on_error,
+                                      reader="local", read_batch_size=50, **kw)
+
+
+def test_skipped_samples_keep_every_rank_at_the_same_number_of_steps(table_1k):
+    per_rank = [list(make(table_1k, r).iter_batches(16, collate_fn=list)) for r in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1]) == 1000 // 8 * 8 // 2 // 16 + 1
+    got = sorted(i for batches in per_rank for b in batches for i in b)
+    planned = sorted(r["id"] for r in lance_ray.StreamingDataset(table_1k, num_splits=8,
+                                                                 reader="local"))
+    assert got == [i for i in planned if i % 7 != 3]
+
+
+def test_skip_counts_are_exact_and_resume_is_exact(table_1k):
+    ds = make(table_1k)
+    it = ds.iter_batches(16, collate_fn=list)
+    before = [i for _ in range(10) for i in next(it)]
+    state = ds.state_dict()
+    assert sum(state["samples_consumed_per_split"]) == 160  # slots, skipped ones included
+    assert ds.stats.rows == 160 and ds.stats.batches == 10
+    assert ds.stats.rows_skipped == 160 - len(before)
+    again = make(table_1k)
+    again.load_state_dict(state)
+    after = [i for b in again.iter_batches(16, collate_fn=list) for i in b]
+    full = [i for b in make(table_1k).iter_batches(16, collate_fn=list) for i in b]
+    assert before + after == full
+
+
+def test_fill_delivers_the_fill_value_in_place_of_failed_samples(table_1k):
+    rows = list(make(table_1k, on_error="fill", fill_value=-1))
+    assert len(rows) == 1000 // 8 * 8 // 2
+    assert all(r == -1 or r % 7 != 3 for r in rows) and -1 in rows
+
+
+def test_raise_propagates_and_a_callable_can_refuse_to_skip(table_1k):
+    with pytest.raises(ValueError, match="bad row"):
+        list(make(table_1k, on_error="raise"))
+    with pytest.raises(ValueError, match="bad row"):
+        list(make(table_1k, on_error=lambda e: False))
+    assert len(list(make(table_1k, on_error=lambda e: True))) < 500
+
+
+def test_a_transform_breaking_the_one_item_per_row_contract_is_never_skipped():
+    policy = TransformPolicy(lambda b: [1], "skip")
+    batch = pa.RecordBatch.from_pydict({"id": [1, 2]})
+    with pytest.raises(ValueError, match="one item per input row"):
+        policy(batch)
+
+
+def test_skip_works_through_ray_data_tasks(ray_session, table_1k):
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=8, transform=ids_unless_bad,
+                                    on_transform_error="skip", read_batch_size=100)
+    rows = list(ds)
+    assert rows and all(r % 7 != 3 for r in rows)
+    assert ds.stats.rows_skipped == 1000 // 8 * 8 - len(rows)
+    assert not any(isinstance(r, Skipped) for r in rows)
+
+
+def test_on_transform_error_without_a_transform_is_refused(table_1k):
+    with pytest.raises(ValueError, match="needs a transform"):
+        lance_ray.StreamingDataset(table_1k, on_transform_error="skip", reader="local")
+    with pytest.raises(ValueError, match="on_transform_error must be one of"):
+        lance_ray.StreamingDataset(table_1k, transform=ids_unless_bad,
+                                   on_transform_error="bogus", reader="local")
+
+
+def test_view_stats_count_rows_bytes_and_batches_exactly(table_1k):
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=4, reader="local", columns=["id"])
+    batches = list(ds.iter_batches(100))
+    assert ds.stats.rows == 1000 and ds.stats.batches == len(batches) == 10
+    assert ds.stats.bytes == 1000 * 8  # int64 ids
+    assert ds.stats.rows_per_s > 0 and ds.stats.wait_s >= 0
