@@ -23,7 +23,14 @@ from . import ledger as lg
 from . import state as st
 from .plan import PlanSpec, SplitPlan, build_plan, check_plan_args, splits_per_rank
 from .plan_source import DEFAULT_NAMESPACE
-from .table import StorageOptionsFactory, TableRef, count_rows, resolve_table
+from .table import (
+    StorageOptionsFactory,
+    TableRef,
+    count_rows,
+    release_lease,
+    resolve_table,
+    take_lease,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -259,6 +266,7 @@ class Coordinator:
         storage_options: StorageOptionsFactory | None = None,
         namespace: str = DEFAULT_NAMESPACE,
         detached: bool = False,
+        lease_version: bool = True,
     ) -> Coordinator:
         """Create the coordinator ``name`` (or attach to the live one of that name).
 
@@ -266,7 +274,9 @@ class Coordinator:
         never from a train worker: a non-detached actor dies with its creator.
         ``storage_path`` must be reachable from every node; sealed progress is kept there.
         Keep the returned handle alive while the run needs the actor: a non-detached actor
-        is stopped when its last handle goes away.
+        is stopped when its last handle goes away. With ``lease_version`` the pinned table
+        version is tagged so that version cleanup cannot remove it while the run needs it;
+        :meth:`release_version` drops the tag when the run is over.
         """
         if not detached and ray.get_runtime_context().get_actor_id() is not None:
             raise RuntimeError(
@@ -280,6 +290,8 @@ class Coordinator:
         splits_per_rank(num_splits, world_size)
         ref = resolve_table(table, version=table_version, storage_options=storage_options)
         rows = count_rows(ref, filter, num_splits)
+        if lease_version:
+            take_lease(ref, name)
         spec = PlanSpec(ref.version, num_splits, bool(shuffle), shuffle_seed, epoch,
                         shuffle_clump_size, filter)
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
@@ -327,6 +339,11 @@ class Coordinator:
 
     def status(self) -> dict[str, Any]:
         return ray.get(self.handle.status.remote())
+
+    def release_version(self) -> None:
+        """Drop the tag that pins the run's table version (when the run is over)."""
+        table, _ = ray.get(self.handle.describe.remote())
+        release_lease(table, self.name)
 
     def kill(self) -> None:
         """Stop the actor for good (its persisted progress stays on storage)."""

@@ -8,10 +8,14 @@ the table is opened.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 StorageOptionsFactory = Callable[[], dict[str, str]]
 
@@ -50,6 +54,11 @@ class TableRef:
 
 @functools.lru_cache(maxsize=8)
 def _open_lance(uri: str, version: int, storage_options: StorageOptionsFactory | None) -> Any:
+    return _open_lance_uncached(uri, version, storage_options)
+
+
+def _open_lance_uncached(uri: str, version: int,
+                         storage_options: StorageOptionsFactory | None) -> Any:
     import lance
 
     try:
@@ -106,7 +115,9 @@ def resolve_table(
     elif not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ValueError(f"table_version must be a positive integer, got {version!r}")
     ref = TableRef(str(uri), int(version), storage_options)
-    ref.open_lance()  # fail here, naming the version, if it does not exist
+    # Fail here, naming the version, if it no longer exists (the per-process cache of open
+    # datasets could still hold it after a cleanup).
+    _open_lance_uncached(ref.uri, ref.version, storage_options)
     return ref
 
 
@@ -139,3 +150,37 @@ def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | Non
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; the table has columns {names}")
     return list(columns)
+
+
+def lease_tag(run: str) -> str:
+    """The Lance tag that pins a run's table version (tags survive version cleanup)."""
+    safe = re.sub(r"[^A-Za-z0-9_-]", "-", run)
+    return f"lance_ray-{safe}"
+
+
+def take_lease(table: TableRef, run: str) -> str:
+    """Tag ``table.version`` for ``run`` so cleanup cannot remove it while the run needs it.
+
+    Raises if the run's tag already pins another version: a run never silently moves to a
+    new version of its table.
+    """
+    tag = lease_tag(run)
+    tags = table.open_lance().tags
+    held = tags.list().get(tag)
+    if held is None:
+        tags.create(tag, table.version)
+        logger.info("pinned version %d of %s with tag %r", table.version, table.uri, tag)
+    elif held["version"] != table.version:
+        raise ValueError(
+            f"run {run!r} holds version {held['version']} of {table.uri} (tag {tag!r}), not "
+            f"version {table.version}: resume with table_version={held['version']}, or "
+            f"release the lease (Coordinator.release_version) to start over"
+        )
+    return tag
+
+
+def release_lease(table: TableRef, run: str) -> None:
+    """Drop ``run``'s tag; its version may then be cleaned up."""
+    tags = table.open_lance().tags
+    if lease_tag(run) in tags.list():
+        tags.delete(lease_tag(run))
