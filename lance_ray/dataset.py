@@ -319,11 +319,21 @@ class StreamingDataset(IterableDataset):
         self._install_plan(spec, *part)
 
     def _begin(self) -> tuple[RankStream, int]:
-        """Start an iterator: next epoch if this one is done, then a fresh generation."""
-        if self.samples_remaining == 0 and len(self) > 0:
-            logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
-                        self._spec.epoch, self._rank, self._spec.epoch + 1)
-            self.set_epoch(self._spec.epoch + 1)
+        """Start an iterator: the next epoch if this view itself read this one to its end,
+        then a fresh generation.
+
+        Only the view's own reading moves it on: a state just loaded in which this rank's
+        splits are complete (other ranks may still be reading the epoch) yields nothing.
+        """
+        if self.samples_remaining == 0:
+            if self._cursor.consumed > 0:
+                logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
+                            self._spec.epoch, self._rank, self._spec.epoch + 1)
+                self.set_epoch(self._spec.epoch + 1)
+            else:
+                logger.info("rank %d has no samples left in epoch %d; call set_epoch(%d) to "
+                            "start the next one", self._rank, self._spec.epoch,
+                            self._spec.epoch + 1)
         stream = self._rebase()
         self._cursor.generation += 1
         return stream, self._cursor.generation

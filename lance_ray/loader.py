@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -84,6 +85,10 @@ class StreamingDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the split plan decides the order")
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False is not supported: batches must arrive in order")
+        if num_workers > 0 and "multiprocessing_context" not in kwargs and _ray_is_running():
+            # fork() is unsafe once Ray's threads run in this process (every Ray Train
+            # worker): children can deadlock or crash. Without Ray the default fork is fine.
+            kwargs["multiprocessing_context"] = "forkserver"
         self._source = _BatchSource(dataset, batch_size, collate_fn)
         self._streaming_dataset = dataset
         self._batch_size_samples = batch_size
@@ -132,3 +137,8 @@ class StreamingDataLoader(DataLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load ``state`` into the dataset; the next iteration resumes from it."""
         self._streaming_dataset.load_state_dict(state)
+
+
+def _ray_is_running() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())

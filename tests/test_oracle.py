@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +30,7 @@ PROPERTY = settings(
     max_examples=40,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-INTEROP = settings(PROPERTY, max_examples=20)
+INTEROP = settings(PROPERTY, max_examples=15)
 
 _rows_after_filter: dict[tuple[int, int, str | None], int] = {}
 
@@ -37,6 +38,17 @@ _rows_after_filter: dict[tuple[int, int, str | None], int] = {}
 def ids_of(batch: pa.RecordBatch) -> list[int]:
     """A transform for both libraries (module level, so Ray can pickle it)."""
     return batch.column("id").to_pylist()
+
+
+@pytest.fixture(scope="module")
+def ray_transforms(ray_session):
+    """Ship this module's functions to Ray workers by value, whatever their sys.path."""
+    from ray import cloudpickle
+
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    yield
+    cloudpickle.unregister_pickle_by_value(module)
 
 
 def row_ids(rows: Any) -> list[int]:
@@ -106,7 +118,7 @@ RAY_CONFIGS = [
 
 @pytest.mark.parametrize(("shape", "kw", "transform", "read_batch_size"), RAY_CONFIGS)
 def test_ray_data_reader_gives_the_reference_per_rank_sequence(
-        ray_session, table_factory, shape, kw, transform, read_batch_size):
+        ray_transforms, table_factory, shape, kw, transform, read_batch_size):
     table = table_factory(*shape)
     expected = row_ids(reference.StreamingDataset(table, transform=transform, **kw))
     ours = lance_ray.StreamingDataset(table, reader="ray", transform=transform,
@@ -114,7 +126,7 @@ def test_ray_data_reader_gives_the_reference_per_rank_sequence(
     assert row_ids(ours) == expected
 
 
-def test_ray_data_reader_batches_hold_the_reference_sequence(ray_session, table_factory):
+def test_ray_data_reader_batches_hold_the_reference_sequence(ray_transforms, table_factory):
     table = table_factory(250, 2)
     kw = {"num_splits": 5, "shuffle_seed": 3, "filter": "x < 100"}
     expected = reference_ids(table, kw)
