@@ -16,6 +16,7 @@ venv: $(STAMP)
 
 lint: venv
 	$(PY) -m ruff check lance_ray jobs tests
+	$(PY) -m mypy lance_ray
 
 test: lint
 	$(PY) -m pytest -q

@@ -71,7 +71,7 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
                 f"reader delivered samples from {chunk.seq} where {due} was due; "
                 "refusing to change the planned order"
             )
-        payload = chunk.items if chunk.items is not None else chunk.data
+        payload: Any = chunk.items if chunk.items is not None else chunk.data
         offset, n = 0, len(chunk)
         while offset < n:
             if current is None:

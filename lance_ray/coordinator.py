@@ -168,6 +168,7 @@ class CoordinatorActor:
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """The merged state of the latest sealed step (or of ``step``), made durable first."""
         with self._lock:
+            sealed: lg.Sealed | None
             if step is None:
                 sealed = self._ledger.start()
             else:
@@ -296,7 +297,7 @@ class Coordinator:
                         shuffle_clump_size, filter)
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
-        handle = ray.remote(CoordinatorActor).options(**options).remote(
+        handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
             name, ref, asdict(spec), rows, world_size, str(storage_path))
         ray.get(handle.describe.remote())  # surface construction errors here
         return cls(handle, name, namespace)

@@ -376,10 +376,12 @@ class StreamingDataset(IterableDataset):
                    batches: int) -> None:
         """Commit ``size`` sample slots as consumed and record the delivery."""
         self._commit(size, batches=batches)
-        c = self._cursor
-        self._meter.record(size, nbytes, skipped, wait_s, batches=batches,
-                              epoch=self._spec.epoch, position=sum(c.samples) + c.consumed,
-                              total=len(self._owned) * self._plan.split_len)
+        self._meter.record(size, nbytes, skipped, wait_s, batches=batches, where=self._where)
+
+    def _where(self) -> str:
+        done = len(self) - self.samples_remaining
+        return (f"epoch {self._spec.epoch}: {done}/{len(self)} samples "
+                f"({100.0 * done / max(len(self), 1):.1f}%)")
 
     @property
     def stats(self) -> ViewStats:
@@ -396,12 +398,12 @@ class StreamingDataset(IterableDataset):
         for batch, wait_s in self._timed(self._read_batches(stream, self._read_batch_size)):
             rows = batch.payload if isinstance(batch.payload, list) else batch.payload.to_pylist()
             nbytes = 0 if isinstance(batch.payload, list) else batch.payload.nbytes
-            self._meter.record(0, nbytes, 0, wait_s, batches=0, epoch=self._spec.epoch,
-                                  position=0, total=0)
-            for row in rows:
+            for i, row in enumerate(rows):
                 self._check_generation(generation)
                 skipped = isinstance(row, Skipped)
-                self._delivered(1, 0, int(skipped), 0.0, batches=0)
+                # The chunk's bytes and wait are booked with its first row.
+                self._delivered(1, 0 if i else nbytes, int(skipped), 0.0 if i else wait_s,
+                                batches=0)
                 if not skipped:
                     yield row
 

@@ -13,7 +13,7 @@ from .order import RankStream
 
 
 class _Delivered(NamedTuple):
-    index: int
+    number: int
     size: int
     data: Any
     nbytes: int
@@ -111,9 +111,9 @@ class StreamingDataLoader(DataLoader):
         expected = 0
         try:
             for delivered, wait_s in dataset._timed(inner):
-                if delivered.index != expected:
+                if delivered.number != expected:
                     raise RuntimeError(
-                        f"batch {delivered.index} arrived where batch {expected} was due; "
+                        f"batch {delivered.number} arrived where batch {expected} was due; "
                         "refusing to commit out-of-order progress"
                     )
                 dataset._check_generation(generation)

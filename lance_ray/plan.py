@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,7 @@ def plan_from_permutation(spec: PlanSpec, row_ids: np.ndarray, split_ids: np.nda
     return SplitPlan(spec, split_len, total, plan_fingerprint(spec, matrix), matrix)
 
 
-def build_plan(table: object, spec: PlanSpec, total_rows: int) -> SplitPlan:
+def build_plan(table: Any, spec: PlanSpec, total_rows: int) -> SplitPlan:
     """Run lancedb's permutation builder on ``table`` (already at ``spec.table_version``).
 
     ``total_rows`` is the row count after the filter, used to report the dropped tail.

@@ -202,7 +202,8 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
     if not extra:
         return Progress(samples, positions)
     world_size, rank, step = extra.get("world_size"), extra.get("rank"), extra.get("global_step")
-    if not _is_int(world_size) or world_size < 1 or num_splits % world_size:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1 \
+            or num_splits % world_size:
         raise ValueError(
             f"checkpoint world_size {world_size!r} is invalid for {num_splits} splits"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -39,33 +40,45 @@ class ViewStats:
 
 
 class Meter:
-    """Records each delivered batch: counters, a log line every ``every_s``, Ray metrics."""
+    """Records each delivery: exact counters at once; a log line every ``every_s`` and Ray
+    metrics at most once a second (so recording one row at a time stays cheap)."""
 
     def __init__(self, stats: ViewStats, rank: int, every_s: float = 30.0):
         self.stats, self.rank, self.every_s = stats, rank, every_s
         self._next_log = time.monotonic() + every_s
+        self._next_flush = 0.0
+        self._unflushed_rows, self._unflushed_wait = 0, 0.0
         self._metrics: _RayMetrics | None = None
 
     def record(self, rows: int, nbytes: int, skipped: int, wait_s: float, *, batches: int,
-               epoch: int, position: int, total: int) -> None:
+               where: Callable[[], str]) -> None:
+        """Count a delivery; ``where`` describes the position, for the periodic log line."""
         s = self.stats
         s.rows += rows
         s.batches += batches
         s.bytes += nbytes
         s.rows_skipped += skipped
         s.wait_s += wait_s
-        s.last_wait_s = wait_s
+        if batches:
+            s.last_wait_s = wait_s
+        self._unflushed_rows += rows
+        self._unflushed_wait += wait_s
+        now = time.monotonic()
+        if now >= self._next_flush:
+            self._next_flush = now + 1.0
+            self._flush()
+        if now >= self._next_log:
+            self._next_log = now + self.every_s
+            logger.info("rank %d %s: %.0f rows/s, waited %.1fs for data, %d skipped",
+                        self.rank, where(), s.rows_per_s, s.wait_s, s.rows_skipped)
+
+    def _flush(self) -> None:
         if self._metrics is None:
             self._metrics = _RayMetrics.create()
         if self._metrics is not None:
-            self._metrics.record(self.rank, rows, wait_s, s.rows_per_s)
-        now = time.monotonic()
-        if total and now >= self._next_log:
-            self._next_log = now + self.every_s
-            logger.info("rank %d epoch %d: %d/%d samples (%.1f%%), %.0f rows/s, waited %.1fs "
-                        "for data, %d skipped", self.rank, epoch, position, total,
-                        100.0 * position / max(total, 1), s.rows_per_s, s.wait_s,
-                        s.rows_skipped)
+            self._metrics.record(self.rank, self._unflushed_rows, self._unflushed_wait,
+                                 self.stats.rows_per_s)
+        self._unflushed_rows, self._unflushed_wait = 0, 0.0
 
 
 class _RayMetrics:
