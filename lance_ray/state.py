@@ -380,8 +380,9 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = T
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Parse a JSON file (never pickle), with an error that names the file."""
     try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        # Never fall back to unpickling: loading a pickle can run arbitrary code.
         raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {e}") from e
 
 
