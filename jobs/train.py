@@ -27,10 +27,10 @@ import ray.train
 import torch
 from ray.train.torch import TorchTrainer
 
-import lance_ray
 import lance_ray.train as lt
 from lance_ray.audit import Attempt, SampleLog, new_attempt_id
 from lance_ray.coordinator import Coordinator
+from lance_ray.state import read_json, write_json_atomic
 
 logger = logging.getLogger("train")
 
@@ -135,14 +135,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
            "global_batch": args.global_batch, "table_version": table.version}
     run_file = run_dir / "run.json"
     if run_file.exists():  # a resumed run keeps its plan and global batch
-        saved = lance_ray.state.read_json(run_file)
+        saved = read_json(run_file)
         changed = {k: (saved[k], v) for k, v in run.items() if saved.get(k) != v
                    and k != "table_version"}
         if changed:
             raise SystemExit(f"run {args.name!r} was started with other settings: {changed}")
         run = saved
     else:
-        lance_ray.state.write_json_atomic(run_file, run)
+        write_json_atomic(run_file, run)
     # Keep the handle: a non-detached actor lives only as long as its handle does.
     coordinator = Coordinator.create(table, args.name, storage_path=str(run_dir / "coordinator"),
                        world_size=args.workers, num_splits=args.num_splits,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lance_ray
 from lance_ray.audit import lineage, read_attempts
+from lance_ray.state import read_json
 from lance_ray.verify import CoverageReport, compare_steps, coverage
 
 
@@ -29,7 +30,7 @@ def uninterrupted_steps(run: dict) -> list[list[int]]:
 
 def verify_run(run_dir: Path) -> tuple[CoverageReport, list[str]]:
     """The coverage report of the run in ``run_dir`` and a line per attempt."""
-    run = lance_ray.state.read_json(run_dir / "run.json")
+    run = read_json(run_dir / "run.json")
     samples = run_dir / "samples"
     attempts = [f"attempt {i}: {a.world_size} worker(s), resumed from step "
                 f"{a.resumed_from_step}, logged steps {min(s, default=0)}..{max(s, default=0)}"

@@ -4,20 +4,33 @@ Not to be confused with the unrelated PyPI package ``lance-ray``, which installs
 the same name (see README, "Name clash"). This distribution is ``lance-ray-streaming``.
 """
 
-from .dataset import StreamingDataset
-from .loader import StreamingDataLoader
-from .plan import PlanSpec, SplitPlan, valid_world_sizes
-from .state import load_state, merge_state_dicts, save_state
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "PlanSpec",
-    "SplitPlan",
-    "StreamingDataLoader",
-    "StreamingDataset",
-    "load_state",
-    "merge_state_dicts",
-    "save_state",
-    "valid_world_sizes",
-]
+# Imported on first use, so that `python -m lance_ray inspect ...` does not pay for torch.
+_EXPORTS = {
+    "StreamingDataset": "dataset",
+    "StreamingDataLoader": "loader",
+    "Coordinator": "coordinator",
+    "PlanSpec": "plan",
+    "SplitPlan": "plan",
+    "valid_world_sizes": "plan",
+    "load_state": "state",
+    "merge_state_dicts": "state",
+    "save_state": "state",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lance_ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

@@ -25,13 +25,13 @@ from typing import Any
 
 from . import state as st
 from .plan import rank_splits, valid_world_sizes
+from .plan_source import DEFAULT_NAMESPACE
 
 PROG = "lance-ray-streaming"
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+MAX_TABLE_ROWS = 32  # inspect's per-split table is grouped to at most this many rows
 MAX_BARS = 512  # above this many splits, --png draws a step curve instead of bars
-
-logger = logging.getLogger(__name__)
 
 
 class CliError(Exception):
@@ -72,20 +72,25 @@ def read_state_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return state
 
 
-def _ranges(indices: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+def _ranges(indices: Sequence[int], limit: int = 0) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``; cut to about ``limit`` characters when set."""
     parts: list[str] = []
-    start = prev = None
-    for i in indices:
-        if prev is not None and i == prev + 1:
-            prev = i
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-        start = prev = i
-    if start is not None:
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ", ".join(parts)
+    k = 0
+    while k < len(indices):
+        j = k
+        while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
+            j += 1
+        parts.append(str(indices[k]) if j == k else f"{indices[k]}-{indices[j]}")
+        k = j + 1
+    text = ", ".join(parts)
+    if limit and len(text) > limit:
+        kept: list[str] = []
+        for part in parts:
+            if len(", ".join([*kept, part])) > limit:
+                break
+            kept.append(part)
+        text = ", ".join([*kept, "..."]) + f" ({len(indices)} splits)"
+    return text
 
 
 def _percent(part: int, whole: int | None) -> str:
@@ -201,33 +206,72 @@ def _kind_text(s: dict[str, Any]) -> str:
     return "unknown: lancedb.streaming reference format (no owner or step information)"
 
 
-def _split_rows(s: dict[str, Any]) -> list[list[object]]:
-    """Per-split rows, consecutive splits with identical progress grouped together."""
+def _split_groups(s: dict[str, Any], *, contiguous: bool) -> list[list[int]]:
+    """Splits grouped by identical (samples, positions, owned): runs of consecutive splits
+    when ``contiguous``, else every split with that progress (ordered by progress)."""
+    samples, positions = s["samples_consumed_per_split"], s["positions_consumed_per_split"]
+    owned = set(s["owned_splits"] or ())
+
+    def key(k: int) -> tuple[bool, int, int]:
+        return k not in owned, samples[k], positions[k]
+
+    groups: dict[Any, list[int]] = {}
+    for k in range(len(samples)):
+        last = groups.get(len(groups) - 1) if contiguous else None
+        if contiguous:
+            if last is not None and key(last[-1]) == key(k):
+                last.append(k)
+            else:
+                groups[len(groups)] = [k]
+        else:
+            groups.setdefault(key(k), []).append(k)
+    if contiguous:
+        return list(groups.values())
+    return [groups[g] for g in sorted(groups)]
+
+
+def _split_rows(s: dict[str, Any], groups: list[list[int]]) -> list[list[object]]:
+    """One table row per group of splits."""
     samples, positions = s["samples_consumed_per_split"], s["positions_consumed_per_split"]
     owned = set(s["owned_splits"] or ())
     split_len = s["split_len"]
-
-    def key(k: int) -> tuple[int, int, bool]:
-        return samples[k], positions[k], k in owned
-
     rows: list[list[object]] = []
-    k = 0
-    while k < len(samples):
-        j = k
-        while j + 1 < len(samples) and key(j + 1) == key(k):
-            j += 1
-        row: list[object] = [str(k) if j == k else f"{k}-{j}", samples[k], positions[k]]
+    for splits in groups:
+        k = splits[0]
+        row: list[object] = [_ranges(splits, limit=40), samples[k], positions[k]]
         if split_len is not None:
             row += [split_len, _percent(samples[k], split_len)]
         if s["kind"] == "rank":
             row.append("this rank" if k in owned else "other rank (lower bound)")
         rows.append(row)
-        k = j + 1
     return rows
 
 
-def print_state_summary(s: dict[str, Any], source: str) -> None:
-    """Print ``summarize_state``'s result for a human."""
+def _print_splits(s: dict[str, Any], show_all: bool) -> None:
+    """The per-split table: compact (grouped, at most MAX_TABLE_ROWS rows) unless ``show_all``."""
+    header = ["splits", "samples", "positions"]
+    if s["split_len"] is not None:
+        header += ["split_len", "done"]
+    if s["kind"] == "rank":
+        header.append("progress of")
+    text_columns = int(s["kind"] == "rank")
+    groups = _split_groups(s, contiguous=True)
+    if show_all or len(groups) <= MAX_TABLE_ROWS:
+        _print_table(header, _split_rows(s, groups), text_columns)
+        return
+    groups = _split_groups(s, contiguous=False)
+    if len(groups) <= MAX_TABLE_ROWS:
+        _print_table(header, _split_rows(s, groups), text_columns)
+    else:
+        for name in ("samples", "positions"):
+            values = sorted(s[f"{name}_consumed_per_split"])
+            print(f"{name} per split: min {values[0]}, median {values[len(values) // 2]}, "
+                  f"max {values[-1]}")
+    print(f"({s['num_splits']} splits in {len(groups)} groups; --all prints every split)")
+
+
+def print_state_summary(s: dict[str, Any], source: str, *, show_all: bool = False) -> None:
+    """Print ``summarize_state``'s result for a human (``show_all``: one row per split)."""
     fp = s["plan_fingerprint"]
     clump = s["shuffle_clump_size"]
     fields: list[tuple[str, object]] = [
@@ -249,12 +293,7 @@ def print_state_summary(s: dict[str, Any], source: str) -> None:
     ]
     _print_fields(fields)
     print()
-    header = ["splits", "samples", "positions"]
-    if s["split_len"] is not None:
-        header += ["split_len", "done"]
-    if s["kind"] == "rank":
-        header.append("progress of")
-    _print_table(header, _split_rows(s), text_columns=int(s["kind"] == "rank"))
+    _print_splits(s, show_all)
     print()
     total = s["total_consumed"]
     if s["kind"] == "rank":
@@ -267,8 +306,10 @@ def print_state_summary(s: dict[str, Any], source: str) -> None:
     else:
         consumed = str(total) + (f" of {s['epoch_rows']} ({_percent(total, s['epoch_rows'])})"
                                  if s["epoch_rows"] else "")
-    if s["epoch_finished"]:
-        consumed += "; epoch finished (resuming starts epoch " + str(s["epoch"] + 1) + ")"
+    if s["epoch_finished"] and s["kind"] == "rank":
+        consumed += "; this rank's splits are finished"
+    elif s["epoch_finished"]:
+        consumed += f"; epoch finished (resuming starts epoch {s['epoch'] + 1})"
     _print_fields([("total consumed", consumed), ("resume on", s["resume"])])
 
 
@@ -289,6 +330,7 @@ def plot_state(s: dict[str, Any], out: str | os.PathLike[str], *, title: str = "
     fig, ax = plt.subplots(figsize=(min(4 + 0.25 * n, 16), 4.5))
     try:
         xs = list(range(n))
+        handles: list[Any] | None
         if n <= MAX_BARS:
             colors = ["tab:blue" if k in owned else "lightgray" for k in xs]
             ax.bar(xs, samples, color=colors, width=0.8, label="samples consumed")
@@ -331,7 +373,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json({"path": args.checkpoint, "png": args.png, **summary})
     else:
-        print_state_summary(summary, args.checkpoint)
+        print_state_summary(summary, args.checkpoint, show_all=args.all)
         if args.png:
             print(f"wrote {args.png}")
     return EXIT_OK
@@ -474,14 +516,33 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- status
 
 
+def _check_reachable(address: str, timeout: float = 3.0) -> None:
+    """Fail fast (instead of Ray's minutes of retries) when ``host:port`` does not answer."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return  # "auto", "local" or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise CliError(f"cannot reach a Ray cluster at {address!r}: {e.strerror or e}; check "
+                       "--address (the head node's GCS address, e.g. 10.0.0.1:6379)") from e
+
+
 def fetch_status(name: str, namespace: str, address: str | None = None) -> dict[str, Any]:
-    """The status of coordinator ``name``; connects to Ray (``address`` or ``"auto"``) if
-    this process is not connected yet, and disconnects again afterwards."""
+    """The status of coordinator ``name``.
+
+    Connects to Ray (``address`` or ``"auto"``) unless this process is connected already
+    (then that connection is used), and disconnects again afterwards.
+    """
     import ray
     from ray.exceptions import RayError
 
     from .coordinator import Coordinator
 
+    if address:
+        _check_reachable(address)
     connected_here = False
     if not ray.is_initialized():
         target = address or "auto"
@@ -576,7 +637,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The argument parser of the CLI."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser = _Parser(prog=prog, description="Inspect lance_ray checkpoints and plans, watch "
                      "a running coordinator, merge per-rank states.")
@@ -589,6 +650,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                        "lancedb.streaming reference-format state).")
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="state JSON file")
     p.add_argument("--png", metavar="OUT.png", help="write a bar chart of per-split progress")
+    p.add_argument("--all", action="store_true",
+                   help="one table row per split (default: grouped, at most "
+                   f"{MAX_TABLE_ROWS} rows)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("plan", parents=[common], help="describe the split plan of a table",
@@ -610,7 +674,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                        description="Connect to a running Ray cluster and print the progress "
                        "of a coordinator actor.")
     p.add_argument("name", metavar="NAME", help="coordinator name")
-    p.add_argument("--namespace", default="lance_ray", help="Ray namespace (default lance_ray)")
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE,
+                   help=f"Ray namespace (default {DEFAULT_NAMESPACE})")
     p.add_argument("--address", default=None, metavar="ADDR",
                    help="Ray cluster address (default: auto)")
     p.set_defaults(func=cmd_status)

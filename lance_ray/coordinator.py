@@ -9,6 +9,7 @@ loses nothing; and ``resize`` redistributes the splits over a new world size.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -236,6 +237,7 @@ class CoordinatorActor:
                           sorted(self._rank_progress.items())},
                 "pending_steps": sorted(led.pending),
                 "table_version": self._table.version,
+                "pid": os.getpid(),
             }
 
 
