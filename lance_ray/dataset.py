@@ -379,9 +379,12 @@ class StreamingDataset(IterableDataset):
         self._meter.record(size, nbytes, skipped, wait_s, batches=batches, where=self._where)
 
     def _where(self) -> str:
-        done = len(self) - self.samples_remaining
+        left = self.samples_remaining
+        done = len(self) - left
+        rate = self._meter.stats.rows_per_s
+        eta = f", ETA {left / rate:.0f}s" if rate > 0 else ""
         return (f"epoch {self._spec.epoch}: {done}/{len(self)} samples "
-                f"({100.0 * done / max(len(self), 1):.1f}%)")
+                f"({100.0 * done / max(len(self), 1):.1f}%{eta})")
 
     @property
     def stats(self) -> ViewStats:
