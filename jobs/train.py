@@ -77,15 +77,15 @@ def train_loop(config: dict[str, Any]) -> None:
             logger.warning("rank %d: injected crash at global step %d", rank, step)
             os._exit(1)
         if step % every == 0 or step == stop_at:
-            lt.report({"loss": float(loss)}, ds, model_state=model.state_dict())
+            lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
             if rank == 0:
-                logger.info("step %d loss %.3f, %.0f rows/s on this rank", step, float(loss),
+                logger.info("step %d loss %.3f, %.0f rows/s on this rank", step, loss.item(),
                             rows / (time.monotonic() - started))
         if stop_at and step >= stop_at:
             break
     else:
         if ds.global_step % every:
-            lt.report({"loss": float(loss)}, ds, model_state=model.state_dict())
+            lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
     log.close()
 
 
