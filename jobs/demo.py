@@ -71,6 +71,8 @@ def main() -> None:
         run(cluster + ["resize", "2"], env, title="resize the cluster to 2 worker nodes")
         run(submit + train + ["--workers", "4"], env,
             title="resume the same run on 4 workers and finish the epoch")
+        run([sys.executable, "jobs/plot_run.py", "--storage-path", str(work / "storage")], env,
+            title="plot throughput and data wait over the run")
         run([sys.executable, "jobs/verify.py", "--storage-path", str(work / "storage")], env,
             title="verify exactly-once from the sample logs")
     finally:

@@ -70,7 +70,7 @@ def train_loop(config: dict[str, Any]) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        log.write(step, batch["id"].tolist())
+        log.write(step, batch["id"].tolist(), wait_s=ds.stats.last_wait_s)
         rows += len(batch["id"])
         if step == config["crash_at_step"] and rank == world_size - 1 and not crash_marker.exists():
             crash_marker.touch()

@@ -42,8 +42,10 @@ class SampleLog:
             write_json_atomic(self.dir / "attempt.json", attempt.__dict__)
         self._file: IO[str] = open(self.dir / f"rank{rank}.jsonl", "a")  # noqa: SIM115
 
-    def write(self, step: int, ids: list[int]) -> None:
-        self._file.write(json.dumps({"step": step, "ids": ids}) + "\n")
+    def write(self, step: int, ids: list[int], *, wait_s: float = 0.0) -> None:
+        """Log the sample ids trained on at ``step``, when, and how long data took."""
+        record = {"step": step, "ids": ids, "t": time.time(), "wait_s": round(wait_s, 6)}
+        self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -64,6 +66,22 @@ def read_attempts(root: str | Path) -> list[tuple[Attempt, dict[int, list[int]]]
         out.append((attempt, steps))
     out.sort(key=lambda a: a[0].started)
     return out
+
+
+def timeline(root: str | Path) -> list[tuple[float, int, float]]:
+    """``(time, samples, max data wait over ranks)`` of every logged step of every attempt."""
+    out = []
+    for d in sorted(p for p in Path(root).iterdir() if (p / "attempt.json").exists()):
+        per_step: dict[int, list[dict]] = {}
+        for rank_file in d.glob("rank*.jsonl"):
+            for line in rank_file.read_text().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    per_step.setdefault(rec["step"], []).append(rec)
+        for recs in per_step.values():
+            out.append((max(r.get("t", 0.0) for r in recs), sum(len(r["ids"]) for r in recs),
+                        max(r.get("wait_s", 0.0) for r in recs)))
+    return sorted(out)
 
 
 def lineage(root: str | Path) -> list[list[int]]:
