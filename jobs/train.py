@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     result = trainer.fit()
     status = coordinator.status()
+    coordinator.kill()  # its sealed progress stays on storage for the next job of this run
     metrics = dict(result.metrics or {})
     print(f"run {args.name!r} on {args.workers} workers finished at global step "
           f"{metrics.get('global_step')}; coordinator sealed step {status['sealed_step']}")

@@ -24,12 +24,13 @@ ray.cloudpickle.register_pickle_by_value(train_job)
 
 
 @pytest.fixture
-def run_args(tmp_path):
+def run_args(tmp_path, request):
     db = tmp_path / "db"
     create_table(str(db), "demo", rows=960, dim=16, fragments=3)
+    name = request.node.name[:40]  # one run (and coordinator) per test
     return ["--db", str(db), "--table", "demo", "--storage-path", str(tmp_path / "storage"),
-            "--name", "e2e", "--num-splits", "8", "--global-batch", "32",
-            "--checkpoint-every", "4"], tmp_path / "storage" / "e2e"
+            "--name", name, "--num-splits", "8", "--global-batch", "32",
+            "--checkpoint-every", "4"], tmp_path / "storage" / name
 
 
 def test_crash_then_resume_on_another_world_size_trains_every_sample_exactly_once(
