@@ -141,6 +141,14 @@ class CoordinatorActor:
         """The state a new view of ``(rank, world_size)`` starts from (resizing if needed)."""
         with self._lock:
             if world_size != self._ledger.world_size:
+                if self._rank_progress:
+                    # Live views of the current size have reported since the last restore:
+                    # this view is stale (or early); silently resizing would strand them.
+                    raise ValueError(
+                        f"views of world size {self._ledger.world_size} are live; a view of "
+                        f"world size {world_size} may start only after resize({world_size}) "
+                        "or after restoring a checkpoint (load_state_dict)"
+                    )
                 logger.info("coordinator %s: views of world size %d arrived; resizing from %d",
                             self._name, world_size, self._ledger.world_size)
                 self.resize(world_size)
@@ -197,6 +205,7 @@ class CoordinatorActor:
             lg.restore(self._ledger, lg.Sealed(epoch, progress.global_step or 0,
                                                self._ledger.world_size, progress.samples,
                                                progress.positions))
+            self._rank_progress.clear()  # the views before the restore are gone
             self._persist(durable=True)
 
     def initial_state(self) -> dict[str, Any]:

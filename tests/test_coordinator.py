@@ -157,7 +157,10 @@ def test_resize_2_to_4_to_1_is_exactly_once_with_identical_global_steps(coord_fa
             next(two[0])
             time.sleep(0.2)
     wait_sealed(coord, 18)
-    steps += step_views(local_views(coord, 1))  # a new world size resizes on its own
+    with pytest.raises(ValueError, match="views of world size 4 are live"):
+        coord.view(0, 1, reader="local")  # a stray view never resizes a live run
+    coord.load_state_dict(coord.state_dict())  # restore, as a restarted trainer does
+    steps += step_views(local_views(coord, 1))  # ... after which a new world size resizes
     full = uninterrupted(table_1k)
     flat = [i for s in steps for i in s]
     report = compare_steps(coverage([i for s in full for i in s], [], flat), full, steps)
