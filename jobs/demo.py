@@ -34,6 +34,17 @@ def run(cmd: list[str], env: dict[str, str], *, title: str) -> None:
     print(f"=== done in {time.monotonic() - started:.0f}s", flush=True)
 
 
+def inspect_latest_checkpoint(work: Path, env: dict[str, str]) -> None:
+    """Merge the ranks' data states of the latest checkpoint and inspect them (CLI)."""
+    latest = max((work / "storage" / "demo-run").glob("checkpoint_*"))
+    merged, png = work / "checkpoint_state.json", work / "checkpoint_state.png"
+    cli = [sys.executable, "-m", "lance_ray"]
+    run(cli + ["merge", *map(str, sorted(latest.glob("lance_ray_state_rank*.json"))),
+               "-o", str(merged)], env, title=f"merge the rank states of {latest.name}")
+    run(cli + ["inspect", str(merged), "--png", str(png)], env,
+        title="inspect the checkpoint the resized run will resume from")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workdir", default="runs/demo")
@@ -68,6 +79,7 @@ def main() -> None:
                               "--stop-at-step", str(args.stop_at_step)],
             env, title=f"train on 2 workers, crash at step {args.crash_at_step}, "
                        f"stop at step {args.stop_at_step}")
+        inspect_latest_checkpoint(work, env)
         run(cluster + ["resize", "2"], env, title="resize the cluster to 2 worker nodes")
         run(submit + train + ["--workers", "4"], env,
             title="resume the same run on 4 workers and finish the epoch")

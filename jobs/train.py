@@ -29,6 +29,7 @@ from ray.train.torch import TorchTrainer
 
 import lance_ray.train as lt
 from lance_ray.audit import Attempt, SampleLog, new_attempt_id
+from lance_ray.cli import print_status
 from lance_ray.coordinator import Coordinator
 from lance_ray.state import read_json, write_json_atomic
 
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     coordinator.kill()  # its sealed progress stays on storage for the next job of this run
     metrics = dict(result.metrics or {})
     print(f"run {args.name!r} on {args.workers} workers finished at global step "
-          f"{metrics.get('global_step')}; coordinator sealed step {status['sealed_step']}")
+          f"{metrics.get('global_step')}; coordinator status:")
+    print_status({**status, "namespace": coordinator.namespace})
     return metrics
 
 
