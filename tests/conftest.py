@@ -35,6 +35,22 @@ def write_table(path: str, n: int, *, fragments: int = 2, dim: int = 4, name: st
     return table
 
 
+_rows_after_filter: dict[tuple[int, int, str | None], int] = {}
+
+
+def open_table(table_factory, shape: tuple[int, int], kw: dict):
+    """A cached table for a hypothesis example; skips (``assume``) plans that have more
+    splits than rows after the filter."""
+    from hypothesis import assume
+
+    table = table_factory(*shape)
+    key = (*shape, kw["filter"])
+    if key not in _rows_after_filter:
+        _rows_after_filter[key] = table.count_rows(kw["filter"])
+    assume(kw["num_splits"] <= _rows_after_filter[key])
+    return table
+
+
 @pytest.fixture(scope="session")
 def table_factory(tmp_path_factory) -> Callable[..., object]:
     """Make (and cache) tables by size: ``table_factory(n, fragments=2)``."""

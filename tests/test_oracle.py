@@ -14,7 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from conftest import open_table
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lancedb import streaming as reference
 
@@ -32,7 +33,6 @@ PROPERTY = settings(
 )
 INTEROP = settings(PROPERTY, max_examples=15)
 
-_rows_after_filter: dict[tuple[int, int, str | None], int] = {}
 
 
 def ids_of(batch: pa.RecordBatch) -> list[int]:
@@ -73,16 +73,6 @@ def plan_args(draw: st.DrawFn) -> tuple[tuple[int, int], dict[str, Any]]:
         "filter": draw(st.sampled_from(FILTERS)),
     }
     return table, kw
-
-
-def open_table(table_factory, shape: tuple[int, int], kw: dict[str, Any]):
-    """The cached table; skips (assume) plans with more splits than filtered rows."""
-    table = table_factory(*shape)
-    key = (*shape, kw["filter"])
-    if key not in _rows_after_filter:
-        _rows_after_filter[key] = table.count_rows(kw["filter"])
-    assume(kw["num_splits"] <= _rows_after_filter[key])
-    return table
 
 
 def reference_ids(table, kw: dict[str, Any]) -> list[int]:

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from conftest import open_table
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import lance_ray
@@ -44,7 +45,6 @@ SMALL_PROPERTY = settings(PROPERTY, max_examples=12)
 # Resumes on every world size of the plan: the costliest example.
 RESUME_EVERYWHERE = settings(PROPERTY, max_examples=20)
 
-_rows_after_filter: dict[tuple[int, int, str | None], int] = {}
 
 
 @st.composite
@@ -61,16 +61,6 @@ def plan_args(draw: st.DrawFn) -> tuple[tuple[int, int], dict[str, Any]]:
         "read_batch_size": draw(st.integers(16, 300)),
     }
     return table, kw
-
-
-def open_table(table_factory, shape: tuple[int, int], kw: dict[str, Any]):
-    """The cached table; skips (assume) plans with more splits than filtered rows."""
-    table = table_factory(*shape)
-    key = (*shape, kw["filter"])
-    if key not in _rows_after_filter:
-        _rows_after_filter[key] = table.count_rows(kw["filter"])
-    assume(kw["num_splits"] <= _rows_after_filter[key])
-    return table
 
 
 def make(table, kw: dict[str, Any], *, rank: int = 0, world_size: int = 1,
