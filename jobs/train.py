@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--name", default="demo-run", help="run name (RunConfig and coordinator)")
     p.add_argument("--storage-path", default="runs/demo/storage")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--min-workers", type=int, default=None,
+                   help="elastic training: ScalingConfig(num_workers=(min, --workers))")
     p.add_argument("--num-splits", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--checkpoint-every", type=int, default=20)
@@ -126,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     storage = Path(args.storage_path).resolve()
     run_dir = storage / args.name
 
-    lt.check_world_sizes(args.workers, args.num_splits)
+    num_workers = args.workers if args.min_workers is None else (args.min_workers, args.workers)
+    lt.check_world_sizes(num_workers, args.num_splits)
     if args.global_batch % args.workers:
         raise SystemExit(f"--global-batch {args.global_batch} must be divisible by --workers")
     connect(args.address)
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        shuffle_seed=args.seed, table_version=run["table_version"])
     slots = ray.cluster_resources().get("slot", 0)
     resources = {"slot": 1} if slots >= args.workers else {"CPU": 0.5}
-    scaling = ray.train.ScalingConfig(num_workers=0 if args.local_mode else args.workers,
+    scaling = ray.train.ScalingConfig(num_workers=0 if args.local_mode else num_workers,
                                       resources_per_worker=resources)
     trainer = TorchTrainer(
         train_loop,
