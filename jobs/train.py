@@ -130,8 +130,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     num_workers = args.workers if args.min_workers is None else (args.min_workers, args.workers)
     lt.check_world_sizes(num_workers, args.num_splits)
-    if args.global_batch % args.workers:
-        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by --workers")
+    sizes = range(args.min_workers or args.workers, args.workers + 1)
+    if any(args.global_batch % w for w in sizes):
+        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by every "
+                         f"world size in {list(sizes)}")
     connect(args.address)
     table = lancedb.connect(str(Path(args.db).resolve())).open_table(args.table)
     run = {"db": str(Path(args.db).resolve()), "table": args.table,
