@@ -36,7 +36,7 @@ def run(cmd: list[str], env: dict[str, str], *, title: str) -> None:
 
 def inspect_latest_checkpoint(work: Path, env: dict[str, str]) -> None:
     """Merge the ranks' data states of the latest checkpoint and inspect them (CLI)."""
-    latest = max((work / "storage" / "demo-run").glob("checkpoint_*"))
+    latest = max(p for p in (work / "storage" / "demo-run").glob("checkpoint_*") if p.is_dir())
     merged, png = work / "checkpoint_state.json", work / "checkpoint_state.png"
     cli = [sys.executable, "-m", "lance_ray"]
     run(cli + ["merge", *map(str, sorted(latest.glob("lance_ray_state_rank*.json"))),
