@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from lance_ray.audit import timeline
 
 
-def plot(run_dir: Path, out: Path, window: int = 5) -> Path:
+def plot(run_dir: Path, out: Path, window: int = 5, gap_s: float = 5.0) -> Path:
     """Rows/s (over ``window`` steps) and the slowest rank's data wait, per logged step."""
     import matplotlib
 
@@ -26,10 +27,16 @@ def plot(run_dir: Path, out: Path, window: int = 5) -> Path:
         lo = max(0, i - window)
         span = points[i][0] - points[lo][0]
         rates.append(sum(n for _, n, _ in points[lo + 1 : i + 1]) / span if span > 0 else 0.0)
+    waits = [w * 1000 for _, _, w in points]
+    # Break the lines where the run was down (restarts, resizes) instead of bridging them.
+    for i in reversed(range(1, len(times))):
+        if times[i] - times[i - 1] > gap_s:
+            for series in (times, rates, waits):
+                series.insert(i, math.nan)
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
-    top.plot(times, rates)
+    top.plot(times, rates, marker=".")
     top.set_ylabel("samples/s (all ranks)")
-    bottom.plot(times, [w * 1000 for _, _, w in points], color="tab:red")
+    bottom.plot(times, waits, color="tab:red", marker=".")
     bottom.set_ylabel("data wait per step (ms)")
     bottom.set_xlabel("seconds since the first logged step (gaps: restarts and resizes)")
     top.set_title(f"run {run_dir.name}: {len(points)} logged steps")
