@@ -32,6 +32,7 @@ from lance_ray.audit import Attempt, SampleLog, new_attempt_id
 from lance_ray.cli import print_status
 from lance_ray.coordinator import Coordinator
 from lance_ray.state import read_json, write_json_atomic
+from lance_ray.stats import progress_bar
 
 logger = logging.getLogger("train")
 
@@ -80,8 +81,11 @@ def train_loop(config: dict[str, Any]) -> None:
         if step % every == 0 or step == stop_at:
             lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
             if rank == 0:
-                logger.info("step %d loss %.3f, %.0f rows/s on this rank", step, loss.item(),
-                            rows / (time.monotonic() - started))
+                done, total = len(ds) - ds.samples_remaining, len(ds)
+                rate = rows / (time.monotonic() - started)
+                logger.info("step %d %s %d/%d samples of rank 0, %.0f rows/s, ETA %.0fs, "
+                            "loss %.3f", step, progress_bar(done, total), done, total, rate,
+                            (total - done) / rate if rate else 0.0, loss.item())
         if stop_at and step >= stop_at:
             break
     else:

@@ -24,7 +24,7 @@ from .plan import (
 )
 from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource
 from .read import LocalReader, RayDataReader
-from .stats import Meter, ViewStats
+from .stats import Meter, ViewStats, progress_bar
 from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
 from .transform import ErrorPolicy, Skipped, Transform, TransformPolicy, check_policy, delivered
 
@@ -383,8 +383,8 @@ class StreamingDataset(IterableDataset):
         done = len(self) - left
         rate = self._meter.stats.rows_per_s
         eta = f", ETA {left / rate:.0f}s" if rate > 0 else ""
-        return (f"epoch {self._spec.epoch}: {done}/{len(self)} samples "
-                f"({100.0 * done / max(len(self), 1):.1f}%{eta})")
+        return (f"epoch {self._spec.epoch} {progress_bar(done, len(self))} {done}/{len(self)} "
+                f"samples ({100.0 * done / max(len(self), 1):.1f}%{eta})")
 
     @property
     def stats(self) -> ViewStats:

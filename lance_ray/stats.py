@@ -39,6 +39,12 @@ class ViewStats:
         return out
 
 
+def progress_bar(done: int, total: int, width: int = 20) -> str:
+    """A text bar (``[#####-----]``): plain characters survive any log capture."""
+    filled = width * done // total if total > 0 else width
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
 class Meter:
     """Records each delivery: exact counters at once; a log line every ``every_s`` and Ray
     metrics at most once a second (so recording one row at a time stays cheap)."""
