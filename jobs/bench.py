@@ -107,11 +107,14 @@ class Config:
 
 def configurations(include_big: bool) -> list[Config]:
     out = [
-        Config("limit-take", "Lance sorted take, random ids", "limit", "full",
-               limit="take_random"),
-        Config("limit-take-clump", "Lance sorted take, clumped ids", "limit", "clump",
-               limit="take_clump"),
-        Config("limit-scan", "Lance sequential scan", "limit", "none", limit="scan"),
+        Config("limit-take", f"Lance sorted take, random ids, {TAKE_ROWS}/call", "limit",
+               "full", limit="take_random"),
+        Config("limit-take-big", f"Lance sorted take, random ids, {4 * TAKE_ROWS}/call",
+               "limit", "full", limit="take_random_big"),
+        Config("limit-take-clump", f"Lance sorted take, clumped ids, {TAKE_ROWS}/call",
+               "limit", "clump", limit="take_clump"),
+        Config("limit-scan", f"Lance sequential scan, to_batches({TAKE_ROWS})", "limit", "none",
+               limit="scan"),
     ]
     for shuffle in SHUFFLES:
         out += [
@@ -360,15 +363,16 @@ def limit_runner(uri: str, which: str) -> Runner:
         return Runner(make_scan, lambda b: b.num_rows, n)
     row_ids = ds.to_table(columns=[], with_row_id=True).column("_rowid").to_numpy()
     rng = np.random.default_rng(SEED)
-    if which == "take_random":
+    per_call = 4 * TAKE_ROWS if which == "take_random_big" else TAKE_ROWS
+    if which.startswith("take_random"):
         order = row_ids[rng.permutation(n)]
     else:  # clumps of CLUMP consecutive rows, in random clump order
         clumps = [row_ids[lo:lo + CLUMP] for lo in range(0, n, CLUMP)]
         order = np.concatenate([clumps[i] for i in rng.permutation(len(clumps))])
 
     def takes() -> Iterator[Any]:
-        for lo in range(0, n, TAKE_ROWS):
-            yield ds._take_rows(np.sort(order[lo:lo + TAKE_ROWS]).tolist())
+        for lo in range(0, n, per_call):
+            yield ds._take_rows(np.sort(order[lo:lo + per_call]).tolist())
 
     def make_take(state: dict | None) -> tuple[Any, Iterator[Any]]:
         return ds, takes()
@@ -563,7 +567,8 @@ def run_child(cfg: Config, spec: dict[str, Any], out: Path, timeout: float,
                                 cwd=REPO)
         # The trainer's process tree, plus the whole Ray cluster if the configuration uses it.
         sampler = TreeSampler((lambda: tree_rss_mb(os.getpid(), include_root=False))
-                              if cfg.needs_ray else (lambda: tree_rss_mb(proc.pid)))
+                              if cfg.needs_ray else (lambda: tree_rss_mb(proc.pid)),
+                              every_s=0.5)
         sampler.start()
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
@@ -669,8 +674,9 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
     small = [r for r in results if r["config"]["table"] == "small"]
     print(f"\nThroughput at {args.rows:,} rows (dim {DIM}), batch {BATCH}, num_splits {SPLITS}; "
           f"rows/s = median of {args.repeats} epochs; x reference = vs the reference with the "
-          "same shuffle (unshuffled rows: vs full shuffle); x limit = vs sorted take (full "
-          "shuffle) or sequential scan (clump, unshuffled)")
+          "same shuffle (unshuffled rows: vs full shuffle); x limit = vs Lance's sorted take "
+          f"of random ids, {TAKE_ROWS}/call (full shuffle) or sequential scan (clump, "
+          "unshuffled)")
     head = (f"{'configuration':<{W}} {'shuffle':<7} {'rows/s':>8} {'x ref':>7} {'x limit':>8} "
             f"{'1st batch s':>11} {'peak RSS MB':>11} {'tree RSS MB':>11}")
     print(head)
@@ -750,9 +756,10 @@ def chart(results: list[dict[str, Any]], path: Path, title: str) -> None:
             ax.text(r["rows_per_s"] * 1.03, i + off, fmt_rate(r["rows_per_s"]),
                     va="center", fontsize=8)
     ax.set_yticks(range(len(labels)), labels, fontsize=9)
-    ax.set_xlim(right=max(r["rows_per_s"] for r in rows) * 2.5)
     ax.invert_yaxis()
     ax.set_xscale("log")
+    rates = [r["rows_per_s"] for r in rows]
+    ax.set_xlim(min(rates) / 2, max(rates) * 2.5)
     ax.set_xlabel("rows/s (median; log scale)")
     ax.set_title(title, fontsize=10)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
@@ -864,10 +871,11 @@ def main() -> None:
                  "workers; shared pages counted once per process)")
     notes.append("every configuration ran in a fresh process; those that use Ray attach to "
                  "one local Ray (num_cpus=2) started before any timing")
-    if any(r.get("fork_error") for r in results):
+    fork_errors = [r["fork_error"] for r in results if r.get("fork_error")]
+    if fork_errors:
         notes.append("[forkserver] = the DataLoader workers crashed with the default start "
-                     "method (fork) and the configuration was measured again with "
-                     "multiprocessing_context='forkserver' (see fork_error in bench.json)")
+                     f"method (fork) ({fork_errors[0]}) and the configuration was measured "
+                     "again with multiprocessing_context='forkserver'")
     notes.append(f"timings are noisy on a shared 2-core machine; total run {total:.0f}s"
                  + (" (OVER the 10-minute budget)" if total > 600 else ""))
     print_report(results, analysis, args, notes)
