@@ -24,5 +24,8 @@ test: lint
 demo: venv
 	$(PY) jobs/demo.py
 
+bench: venv
+	$(PY) jobs/bench.py
+
 clean:
 	rm -rf $(VENV) runs

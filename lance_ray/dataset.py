@@ -30,7 +30,9 @@ from .transform import ErrorPolicy, Skipped, Transform, TransformPolicy, check_p
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_READ_BATCH_SIZE = 4096
+# Large reads: a Ray read task and a Lance take each cost a fixed overhead (measured: a
+# 16384-row task reads ~2.5x faster per row than a 4096-row one).
+DEFAULT_READ_BATCH_SIZE = 16384
 T = TypeVar("T")
 READERS = ("ray", "local")
 

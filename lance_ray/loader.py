@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -52,8 +52,9 @@ class StreamingDataLoader(DataLoader):
 
     Progress is committed in this (the trainer's) process when a batch is returned by
     ``next()``, never when a worker prefetches it, so ``dataset.state_dict()`` (or this
-    loader's ``state_dict()``) is exact after every batch, with any ``num_workers``. Workers
-    use the default multiprocessing start method; each opens the table itself.
+    loader's ``state_dict()``) is exact after every batch, with any ``num_workers``. Unless
+    you pass ``multiprocessing_context``, workers start from a fork server (Lance is not
+    fork-safe); each opens the table itself.
 
     Without a transform and without ``collate_fn`` a batch is ``{column: tensor}`` built
     from Arrow (fixed-size list columns become 2-D tensors); otherwise ``collate_fn``
@@ -85,10 +86,11 @@ class StreamingDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the split plan decides the order")
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False is not supported: batches must arrive in order")
-        if num_workers > 0 and "multiprocessing_context" not in kwargs and _ray_is_running():
-            # fork() is unsafe once Ray's threads run in this process (every Ray Train
-            # worker): children can deadlock or crash. Without Ray the default fork is fine.
-            kwargs["multiprocessing_context"] = "forkserver"
+        if num_workers > 0 and "multiprocessing_context" not in kwargs:
+            # Lance is not fork-safe (forked workers were seen to panic in its decoder, and
+            # to hang once Ray's threads run in the parent), so workers come from a fork
+            # server that has already imported the heavy modules: safe and fast to start.
+            kwargs["multiprocessing_context"] = _worker_context()
         self._source = _BatchSource(dataset, batch_size, collate_fn)
         self._streaming_dataset = dataset
         self._batch_size_samples = batch_size
@@ -139,6 +141,7 @@ class StreamingDataLoader(DataLoader):
         self._streaming_dataset.load_state_dict(state)
 
 
-def _ray_is_running() -> bool:
-    ray = sys.modules.get("ray")
-    return bool(ray is not None and ray.is_initialized())
+def _worker_context() -> Any:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "pyarrow", "lance", "lance_ray.dataset"])
+    return ctx
