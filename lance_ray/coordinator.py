@@ -365,6 +365,8 @@ class Coordinator:
 class CoordinatorPlans:
     """The ``PlanSource`` of a view attached to a coordinator."""
 
+    wants_reports = True
+
     def __init__(self, handle: Any):
         self.handle = handle
         self._last_report: Any = None

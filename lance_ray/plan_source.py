@@ -17,6 +17,8 @@ DEFAULT_NAMESPACE = "lance_ray"
 
 
 class PlanSource(Protocol):
+    wants_reports: bool  # whether ``report`` does anything (it costs a progress computation)
+
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
         """The plan of ``owned`` splits for ``spec``, and the whole plan's identity."""
         ...
@@ -33,6 +35,8 @@ class PlanSource(Protocol):
 
 class LocalPlans:
     """Builds the full plan in this process and keeps only the owned splits."""
+
+    wants_reports = False
 
     def __init__(self, table: TableRef, rows_after_filter: int):
         self.table, self.rows_after_filter = table, rows_after_filter
