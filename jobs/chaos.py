@@ -56,11 +56,13 @@ NUM_SPLITS, GLOBAL_BATCH, CHECKPOINT_EVERY = 8, 32, 5
 class Rank:
     """One data-parallel rank reading its view of the coordinator's plan."""
 
-    def __init__(self, name: str, rank: int, world_size: int, state: dict):
+    def __init__(self, name: str, rank: int, world_size: int, state: dict | None = None,
+                 global_batch: int = GLOBAL_BATCH):
         self.ds = lance_ray.StreamingDataset.from_coordinator(
             name, rank=rank, world_size=world_size, reader="local", read_batch_size=128)
-        self.ds.load_state_dict(state)
-        self.it = self.ds.iter_batches(GLOBAL_BATCH // world_size)
+        if state is not None:  # a restart resumes from its checkpoint, not the live state
+            self.ds.load_state_dict(state)
+        self.it = self.ds.iter_batches(global_batch // world_size)
 
     def next(self) -> list[int] | None:
         batch = next(self.it, None)

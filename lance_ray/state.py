@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -397,8 +397,3 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     state = read_json(path)
     parse_state(state)
     return state
-
-
-def identity_dict(identity: PlanIdentity) -> dict[str, Any]:
-    """``identity`` as plain data (for logs and the CLI)."""
-    return asdict(identity)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -13,31 +15,11 @@ from lance_ray.coordinator import Coordinator
 from lance_ray.ledger import StaleReport
 from lance_ray.verify import compare_steps, coverage
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from chaos import Rank  # noqa: E402  (a rank actor: a view in its own process)
+
 NUM_SPLITS = 8
 GLOBAL_BATCH = 16
-
-
-@ray.remote(num_cpus=0)
-class ViewActor:
-    """A rank living in its own process, possibly on another node."""
-
-    def __init__(self, name: str, rank: int, world_size: int):
-        self.ds = lance_ray.StreamingDataset.from_coordinator(
-            name, rank=rank, world_size=world_size, reader="local", read_batch_size=64)
-        self.it = self.ds.iter_batches(GLOBAL_BATCH // world_size)
-
-    def next(self) -> list[int] | None:
-        batch = next(self.it, None)
-        return None if batch is None else batch["id"].tolist()
-
-    def state(self) -> dict:
-        return self.ds.state_dict()
-
-    def node(self) -> str:
-        return ray.get_runtime_context().get_node_id()
-
-    def plan_bytes(self) -> int:
-        return self.ds.plan.row_ids.nbytes
 
 
 def uninterrupted(table) -> list[list[int]]:
@@ -93,7 +75,8 @@ def coord_factory(ray_session, table_1k, tmp_path):
 
 def test_views_on_two_nodes_seal_the_same_state_as_merging_their_own(coord_factory, ray_cluster):
     coord = coord_factory("two_nodes")
-    views = [ViewActor.options(resources={res: 0.01}).remote("two_nodes", r, 2)
+    views = [Rank.options(resources={res: 0.01}).remote("two_nodes", r, 2,
+                                                         global_batch=GLOBAL_BATCH)
              for r, res in enumerate(("at_head", "at_w1"))]
     assert len(set(ray.get([v.node.remote() for v in views]))) == 2
     step_views(views, 10)
