@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .convert import concat
+from .convert import Columns, concat
 from .order import RankStream
 from .plan import SplitPlan
-from .read import ChunkRequest, ChunkResult, chunk_requests
+from .read import ChunkRequest, ChunkResult, chunk_spans
 
 
 @dataclass
@@ -24,7 +24,7 @@ class Batch:
     index: int
     start: int
     size: int
-    payload: Any  # a pyarrow.RecordBatch, or a list of transformed items
+    payload: Any  # Columns (tensors), a pyarrow.RecordBatch, or transformed items
 
 
 def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: int = 1
@@ -38,20 +38,21 @@ def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: 
 
 
 def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, int]],
-                 chunk_rows: int) -> list[ChunkRequest]:
-    """Read requests covering ``ranges`` of the stream (adjacent ranges are merged)."""
+                 chunk_rows: int) -> Iterator[ChunkRequest]:
+    """Read requests covering ``ranges`` of the stream (adjacent ranges are merged).
+
+    Lazy, one chunk at a time: the row ids of a whole epoch are never materialised at once.
+    """
     merged: list[list[int]] = []
     for lo, hi in ranges:
         if merged and merged[-1][1] == lo:
             merged[-1][1] = hi
         else:
             merged.append([lo, hi])
-    out: list[ChunkRequest] = []
     for lo, hi in merged:
-        splits, positions = stream.slice(lo, hi)
-        row_ids = plan.row_ids[splits - plan.first_split, positions]
-        out.extend(chunk_requests(row_ids, lo, chunk_rows))
-    return out
+        for start, stop in chunk_spans(lo, hi, chunk_rows):
+            splits, positions = stream.slice(start, stop)
+            yield ChunkRequest(start, plan.row_ids[splits - plan.first_split, positions])
 
 
 def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
@@ -71,7 +72,7 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
                 f"reader delivered samples from {chunk.seq} where {due} was due; "
                 "refusing to change the planned order"
             )
-        payload: Any = chunk.items if chunk.items is not None else chunk.data
+        payload = chunk.payload
         offset, n = 0, len(chunk)
         while offset < n:
             if current is None:
@@ -94,4 +95,6 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
 def _join(parts: list[Any]) -> Any:
     if isinstance(parts[0], list):
         return [x for p in parts for x in p]
+    if isinstance(parts[0], Columns):
+        return Columns.concat(parts)
     return concat(parts)

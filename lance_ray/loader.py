@@ -43,7 +43,8 @@ class _BatchSource(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for batch in self.dataset._read_batches(self.stream, self.batch_size, worker=worker,
-                                                num_workers=workers):
+                                                num_workers=workers,
+                                                as_tensors=self.collate_fn is None):
             yield _Delivered(batch.index, batch.size, *collate(batch.payload, self.collate_fn))
 
 

@@ -1,6 +1,7 @@
 """Where a view gets its part of the plan, and where its progress goes.
 
 ``LocalPlans`` builds the plan in the view's own process (like the reference);
+``RayTaskPlans`` builds it in a Ray task, so the trainer holds only its own splits;
 ``coordinator.CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
 """
 
@@ -42,8 +43,7 @@ class LocalPlans:
         self.table, self.rows_after_filter = table, rows_after_filter
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
-        full = build_plan(self.table.open_lancedb(), spec, self.rows_after_filter)
-        return full.splits(owned[0], len(owned)), PlanIdentity.of(full)
+        return build_part(self.table, self.rows_after_filter, spec, owned)
 
     def report(self, rank: int, world_size: int, epoch: int, step: int,
                samples: Sequence[int], positions: Sequence[int]) -> None:
@@ -51,3 +51,28 @@ class LocalPlans:
 
     def set_epoch(self, epoch: int) -> None:
         return None
+
+
+class RayTaskPlans(LocalPlans):
+    """Builds the plan in a Ray task on this node and receives only the owned splits.
+
+    The permutation builder's peak memory (about 80 bytes per row, measured) then never
+    lands in the trainer process, whose footprint stays flat as the table grows.
+    """
+
+    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
+                                              soft=True)
+        # num_cpus=0: a short task that must not wait behind the read tasks filling the CPUs.
+        task = ray.remote(num_cpus=0, scheduling_strategy=here)(build_part)
+        return ray.get(task.remote(self.table, self.rows_after_filter, spec, list(owned)))
+
+
+def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
+               owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
+    """The plan of the contiguous ``owned`` splits, and the whole plan's identity."""
+    full = build_plan(table.open_lancedb(), spec, rows_after_filter)
+    return full.splits(owned[0], len(owned)), PlanIdentity.of(full)

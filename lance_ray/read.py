@@ -14,14 +14,16 @@ Two readers share the same read function and the same output (an ordered stream 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
+from .convert import to_columns
 from .table import TableRef
 from .transform import TransformPolicy
 
@@ -29,7 +31,8 @@ logger = logging.getLogger(__name__)
 
 SEQ_COLUMN = "__lance_ray_seq"
 ITEM_COLUMN = "__lance_ray_item"
-
+T = TypeVar("T")
+FIRST_READ_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -42,63 +45,91 @@ class ChunkRequest:
 
 @dataclass
 class ChunkResult:
-    """The rows of one request, in request order: Arrow data or transformed items."""
+    """The rows of one request, in request order: a ``pyarrow.RecordBatch``, ``Columns``
+    (tensors) or a list of transformed items."""
 
     seq: int
-    data: pa.RecordBatch | None
-    items: list[Any] | None
+    payload: Any
 
     def __len__(self) -> int:
-        return len(self.items) if self.items is not None else self.data.num_rows  # type: ignore[union-attr]
+        return len(self.payload)
 
 
-def take_in_order(
+def take_sorted(
     table: TableRef, row_ids: np.ndarray, columns: list[str] | None
-) -> pa.RecordBatch:
-    """Read ``row_ids`` at the pinned version and return them in the given order.
+) -> tuple[pa.RecordBatch, np.ndarray | None]:
+    """Read ``row_ids`` at the pinned version in ascending address order.
 
-    Sorting first makes one take touch each fragment once with ascending offsets (the
-    coalesced access Lance reads fastest); the inverse permutation restores plan order.
+    Returns the rows and the permutation that puts them back in the given order (None when
+    they already are). Sorting makes one take touch each fragment once with ascending
+    offsets, the coalesced access Lance reads fastest.
     """
     ids = np.asarray(row_ids, dtype=np.uint64)
-    order = np.argsort(ids, kind="stable")
-    got = table.open_lance()._take_rows(ids[order].tolist(), columns=columns)
+    order = None if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
+    wanted = ids if order is None else ids[order]
+    got = table.open_lance()._take_rows(wanted.tolist(), columns=columns)
     if got.num_rows != len(ids):
         raise RuntimeError(
             f"Lance returned {got.num_rows} rows for {len(ids)} planned row ids at version "
             f"{table.version}; the pinned version no longer holds the planned rows"
         )
+    batch = got.combine_chunks().to_batches()[0] if got.num_rows else pa.RecordBatch.from_pylist(
+        [], schema=got.schema)
+    if order is None:
+        return batch, None
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    out = got.take(pa.array(inverse))
-    return out.combine_chunks().to_batches()[0] if out.num_rows else pa.RecordBatch.from_pylist(
-        [], schema=out.schema
-    )
+    return batch, inverse
+
+
+def take_in_order(
+    table: TableRef, row_ids: np.ndarray, columns: list[str] | None
+) -> pa.RecordBatch:
+    """Read ``row_ids`` at the pinned version and return them in the given order."""
+    batch, inverse = take_sorted(table, row_ids, columns)
+    return batch if inverse is None else batch.take(pa.array(inverse))
+
+
+def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int) -> Iterator[T]:
+    """``fn(item)`` for each item in order, computed up to ``depth`` items ahead on a
+    background thread (Lance, Arrow, numpy and torch release the GIL while they work)."""
+    pool = ThreadPoolExecutor(2, thread_name_prefix="lance_ray_read")
+    try:
+        pending: deque[Future[T]] = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) > depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class LocalReader:
-    """Reads chunks in this process, one chunk ahead on a background thread."""
+    """Reads chunks in this process, ``prefetch`` chunks ahead on a background thread.
+
+    With ``as_tensors`` (and no transform) each chunk is converted to ``Columns`` there too,
+    the reordering to plan order folded into the one copy the conversion makes anyway.
+    """
 
     def __init__(self, table: TableRef, columns: list[str] | None,
-                 transform: TransformPolicy | None):
+                 transform: TransformPolicy | None, *, as_tensors: bool = False,
+                 prefetch: int = 2):
         self.table, self.columns, self.transform = table, columns, transform
+        self.as_tensors, self.prefetch = as_tensors, prefetch
 
     def _read(self, req: ChunkRequest) -> ChunkResult:
-        batch = take_in_order(self.table, req.row_ids, self.columns)
-        if self.transform is None:
-            return ChunkResult(req.seq, batch, None)
-        return ChunkResult(req.seq, None, self.transform(batch))
+        if self.transform is not None:
+            return ChunkResult(req.seq, self.transform(
+                take_in_order(self.table, req.row_ids, self.columns)))
+        if self.as_tensors:
+            return ChunkResult(req.seq, to_columns(*take_sorted(self.table, req.row_ids,
+                                                                self.columns)))
+        return ChunkResult(req.seq, take_in_order(self.table, req.row_ids, self.columns))
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
-        with ThreadPoolExecutor(1, thread_name_prefix="lance_ray_read") as pool:
-            pending = None
-            for req in requests:
-                nxt = pool.submit(self._read, req)
-                if pending is not None:
-                    yield pending.result()
-                pending = nxt
-            if pending is not None:
-                yield pending.result()
+        return ahead(self._read, requests, self.prefetch)
 
 
 def _datasource_cls() -> type:
@@ -151,12 +182,17 @@ class _TransformStage:
 
 
 class RayDataReader:
-    """Reads chunks through an order-preserving Ray Data streaming pipeline."""
+    """Reads chunks through an order-preserving Ray Data streaming pipeline.
+
+    With ``as_tensors`` (and no transform) each arriving block is converted to ``Columns``
+    on a background thread, so the consumer only slices.
+    """
 
     def __init__(self, table: TableRef, columns: list[str] | None,
-                 transform: TransformPolicy | None, *, prefetch_batches: int = 2,
-                 ray_remote_args: dict[str, Any] | None = None):
+                 transform: TransformPolicy | None, *, as_tensors: bool = False,
+                 prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None):
         self.table, self.columns, self.transform = table, columns, transform
+        self.as_tensors = as_tensors
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = dict(ray_remote_args or {})
 
@@ -174,26 +210,32 @@ class RayDataReader:
         ds.context.execution_options.preserve_order = True
         return ds
 
+    def _chunk(self, block: pa.Table) -> ChunkResult:
+        seq = block.column(SEQ_COLUMN)
+        start = seq[0].as_py() if len(seq) else 0
+        if self.transform is not None:
+            return ChunkResult(start, block.column(ITEM_COLUMN).to_pylist())
+        data = block.drop_columns([SEQ_COLUMN])
+        if self.as_tensors:
+            return ChunkResult(start, to_columns(data))
+        return ChunkResult(start, data.combine_chunks().to_batches()[0])
+
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
         reqs = list(requests)
         if not reqs:
-            return
-        ds = self.dataset(reqs)
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow",
-                                     prefetch_batches=self.prefetch_batches):
-            seq = block.column(SEQ_COLUMN)
-            start = seq[0].as_py() if len(seq) else 0
-            if self.transform is not None:
-                items = block.column(ITEM_COLUMN).to_pylist()
-                yield ChunkResult(start, None, items)
-            else:
-                data = block.drop_columns([SEQ_COLUMN]).combine_chunks()
-                batch = data.to_batches()[0] if data.num_rows else None
-                if batch is not None:
-                    yield ChunkResult(start, batch, None)
+            return iter(())
+        blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
+                                                 prefetch_batches=self.prefetch_batches)
+        return ahead(self._chunk, (b for b in blocks if b.num_rows), self.prefetch_batches)
 
 
-def chunk_requests(row_ids: np.ndarray, start_seq: int, chunk_rows: int) -> Iterator[ChunkRequest]:
-    """Cut a run of planned row ids into read chunks of ``chunk_rows``."""
-    for lo in range(0, len(row_ids), chunk_rows):
-        yield ChunkRequest(start_seq + lo, row_ids[lo : lo + chunk_rows])
+def chunk_spans(lo: int, hi: int, chunk_rows: int) -> Iterator[tuple[int, int]]:
+    """Cut samples ``lo .. hi-1`` into read chunks growing from ``FIRST_READ_ROWS`` to
+    ``chunk_rows``: the first batch waits only for a small read, and the steady state gets
+    large reads, which Lance serves much faster per row (a take has a fixed cost, and
+    denser row ids share pages) and Ray Data schedules with less overhead per row."""
+    size = min(chunk_rows, FIRST_READ_ROWS)
+    while lo < hi:
+        yield lo, min(lo + size, hi)
+        lo += size
+        size = min(2 * size, chunk_rows)
