@@ -26,7 +26,8 @@ How:
   Ray paths warm up on a small filtered table read to its end, because stopping a Ray Data
   pipeline early kills the workers running its tasks), then runs ``--repeats`` timed
   epochs. rows/s is their median; a pass counts from constructing the dataset to its last
-  batch; an epoch longer than ``--max-seconds`` is measured over the part read (marked *).
+  batch (so it includes building the epoch's plan); "steady" rows/s counts only after the
+  first batch (the start-up is the separate time-to-first-batch figure); an epoch longer than ``--max-seconds`` is measured over the part read (marked *).
 * The first timed epoch of lance_ray (and of the reference) takes ``state_dict()`` at 50%
   and 90% of its batches (not timed). Time to first batch after resuming = construct a new
   dataset + ``load_state_dict`` + first batch; fresh = construct + first batch.
@@ -228,12 +229,19 @@ class Pass:
     seconds: float = 0.0  # construction to last batch, state_dict() calls excluded
     construct_s: float = 0.0
     first_batch_s: float = 0.0  # construction (+ load_state_dict) to first batch
+    first_rows: int = 0  # rows of the first batch
     complete: bool = True  # False when stopped early (row or time cap)
     id_sum: int | None = 0
 
     @property
     def rows_per_s(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_rows_per_s(self) -> float:
+        """Rows after the first batch over the time after it: throughput without start-up."""
+        t = self.seconds - self.first_batch_s
+        return (self.rows - self.first_rows) / t if t > 0 else 0.0
 
 
 @dataclass
@@ -274,9 +282,10 @@ def timed_pass(runner: Runner, *, state: dict | None = None,
     try:
         for batch in it:
             now = time.perf_counter()
+            n = runner.count(batch)
             if p.batches == 0:
-                p.first_batch_s = now - start
-            p.rows += runner.count(batch)
+                p.first_batch_s, p.first_rows = now - start, n
+            p.rows += n
             p.batches += 1
             if p.id_sum is not None and runner.ids is not None:
                 p.id_sum += runner.ids(batch)
@@ -422,8 +431,10 @@ def measure(runner: Runner, cfg: Config, spec: dict[str, Any]) -> dict[str, Any]
         expected_sum = runner.epoch_rows * (runner.epoch_rows - 1) // 2
     return {
         "cold_first_batch_s": cold if cold is not None else passes[0].first_batch_s,
-        "passes": [asdict(p) | {"rows_per_s": p.rows_per_s} for p in passes],
+        "passes": [asdict(p) | {"rows_per_s": p.rows_per_s,
+                                "steady_rows_per_s": p.steady_rows_per_s} for p in passes],
         "rows_per_s": statistics.median(p.rows_per_s for p in passes),
+        "steady_rows_per_s": statistics.median(p.steady_rows_per_s for p in passes),
         "complete": complete,
         "first_batch_s": statistics.median(p.first_batch_s for p in passes),
         "resume_first_batch_s": {k: statistics.median(v) for k, v in resume.items()},
@@ -673,12 +684,13 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
                  notes: list[str]) -> None:
     small = [r for r in results if r["config"]["table"] == "small"]
     print(f"\nThroughput at {args.rows:,} rows (dim {DIM}), batch {BATCH}, num_splits {SPLITS}; "
-          f"rows/s = median of {args.repeats} epochs; x reference = vs the reference with the "
+          f"rows/s = median of {args.repeats} epochs, construction to last batch (steady/s: "
+          "after the first batch); x reference = vs the reference with the "
           "same shuffle (unshuffled rows: vs full shuffle); x limit = vs Lance's sorted take "
           f"of random ids, {TAKE_ROWS}/call (full shuffle) or sequential scan (clump, "
           "unshuffled)")
     head = (f"{'configuration':<{W}} {'shuffle':<7} {'rows/s':>8} {'x ref':>7} {'x limit':>8} "
-            f"{'1st batch s':>11} {'peak RSS MB':>11} {'tree RSS MB':>11}")
+            f"{'steady/s':>8} {'1st batch s':>11} {'peak RSS MB':>11} {'tree RSS MB':>11}")
     print(head)
     print("-" * len(head))
     for r in small:
@@ -689,6 +701,7 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
         flag = "" if r.get("complete", True) else "*"
         print(f"{label_of(r):<{W}} {c['shuffle']:<7} {fmt_rate(r['rows_per_s']) + flag:>8} "
               f"{fmt_ratio(r.get('x_reference')):>7} {fmt_ratio(r.get('x_limit')):>8} "
+              f"{fmt_rate(r.get('steady_rows_per_s')):>8} "
               f"{fmt_s(r['first_batch_s'] if c['kind'] != 'limit' else None):>11} "
               f"{r['peak_rss_mb']:>11.0f} {r['tree_peak_rss_mb']:>11.0f}")
 
