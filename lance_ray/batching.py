@@ -11,10 +11,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .convert import Columns, concat
 from .order import RankStream
 from .plan import SplitPlan
-from .read import ChunkRequest, ChunkResult, chunk_spans
+from .read import ChunkRequest, ChunkResult, read_sizes
 
 
 @dataclass
@@ -39,20 +41,35 @@ def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: 
 
 def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, int]],
                  chunk_rows: int) -> Iterator[ChunkRequest]:
-    """Read requests covering ``ranges`` of the stream (adjacent ranges are merged).
+    """Read requests covering ``ranges`` of the stream, in order, each of ``read_sizes`` rows
+    (the last may be short); a request packs several ranges when they are short.
 
-    Lazy, one chunk at a time: the row ids of a whole epoch are never materialised at once.
+    Lazy, one request at a time: the row ids of a whole epoch are never materialised at once.
     """
-    merged: list[list[int]] = []
+    sizes = read_sizes(chunk_rows)
+    spans: list[tuple[int, int]] = []
+    room = next(sizes)
     for lo, hi in ranges:
-        if merged and merged[-1][1] == lo:
-            merged[-1][1] = hi
-        else:
-            merged.append([lo, hi])
-    for lo, hi in merged:
-        for start, stop in chunk_spans(lo, hi, chunk_rows):
-            splits, positions = stream.slice(start, stop)
-            yield ChunkRequest(start, plan.row_ids[splits - plan.first_split, positions])
+        while lo < hi:
+            take = min(hi - lo, room)
+            if spans and spans[-1][1] == lo:  # adjacent: one span
+                spans[-1] = (spans[-1][0], lo + take)
+            else:
+                spans.append((lo, lo + take))
+            lo, room = lo + take, room - take
+            if room == 0:
+                yield _request(plan, stream, spans)
+                spans, room = [], next(sizes)
+    if spans:
+        yield _request(plan, stream, spans)
+
+
+def _request(plan: SplitPlan, stream: RankStream, spans: list[tuple[int, int]]) -> ChunkRequest:
+    parts = []
+    for lo, hi in spans:
+        splits, positions = stream.slice(lo, hi)
+        parts.append(plan.row_ids[splits - plan.first_split, positions])
+    return ChunkRequest(tuple(spans), parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 
 def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -37,9 +37,11 @@ FIRST_READ_ROWS = 4096
 
 @dataclass(frozen=True)
 class ChunkRequest:
-    """Rows ``seq .. seq+len(row_ids)-1`` of a rank's remaining sequence."""
+    """The rows of samples ``spans`` (``(lo, hi)`` ranges of a rank's remaining sequence,
+    ascending), read with one take. Several spans when a DataLoader worker packs the
+    batches it makes (every k-th one) into one read."""
 
-    seq: int
+    spans: tuple[tuple[int, int], ...]
     row_ids: np.ndarray
 
 
@@ -90,6 +92,17 @@ def take_in_order(
     return batch if inverse is None else batch.take(pa.array(inverse))
 
 
+def span_results(spans: Sequence[tuple[int, int]], payload: Any) -> list[ChunkResult]:
+    """One result per span, cut from the rows read for all of them (in span order)."""
+    if len(spans) == 1:
+        return [ChunkResult(spans[0][0], payload)]
+    out, offset = [], 0
+    for lo, hi in spans:
+        out.append(ChunkResult(lo, payload[offset : offset + hi - lo]))
+        offset += hi - lo
+    return out
+
+
 def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int) -> Iterator[T]:
     """``fn(item)`` for each item in order, computed up to ``depth`` items ahead on a
     background thread (Lance, Arrow, numpy and torch release the GIL while they work)."""
@@ -119,17 +132,18 @@ class LocalReader:
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors, self.prefetch = as_tensors, prefetch
 
-    def _read(self, req: ChunkRequest) -> ChunkResult:
+    def _read(self, req: ChunkRequest) -> list[ChunkResult]:
         if self.transform is not None:
-            return ChunkResult(req.seq, self.transform(
-                take_in_order(self.table, req.row_ids, self.columns)))
-        if self.as_tensors:
-            return ChunkResult(req.seq, to_columns(*take_sorted(self.table, req.row_ids,
-                                                                self.columns)))
-        return ChunkResult(req.seq, take_in_order(self.table, req.row_ids, self.columns))
+            payload = self.transform(take_in_order(self.table, req.row_ids, self.columns))
+        elif self.as_tensors:
+            payload = to_columns(*take_sorted(self.table, req.row_ids, self.columns))
+        else:
+            payload = take_in_order(self.table, req.row_ids, self.columns)
+        return span_results(req.spans, payload)
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
-        return ahead(self._read, requests, self.prefetch)
+        for results in ahead(self._read, requests, self.prefetch):
+            yield from results
 
 
 def _datasource_cls() -> type:
@@ -155,7 +169,8 @@ def _datasource_cls() -> type:
 
             def read() -> Iterator[pa.Table]:
                 batch = take_in_order(table, chunk.row_ids, columns)
-                seq = pa.array(np.arange(chunk.seq, chunk.seq + batch.num_rows, dtype=np.int64))
+                seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64)
+                                               for lo, hi in chunk.spans]))
                 yield pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
 
             meta = BlockMetadata(num_rows=len(chunk.row_ids), size_bytes=None,
@@ -210,32 +225,35 @@ class RayDataReader:
         ds.context.execution_options.preserve_order = True
         return ds
 
-    def _chunk(self, block: pa.Table) -> ChunkResult:
-        seq = block.column(SEQ_COLUMN)
-        start = seq[0].as_py() if len(seq) else 0
+    def _chunk(self, block: pa.Table) -> list[ChunkResult]:
+        seq = block.column(SEQ_COLUMN).to_numpy()
+        cuts = np.flatnonzero(np.diff(seq) != 1) + 1
+        spans = [(int(seq[a]), int(seq[b - 1]) + 1)
+                 for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(seq)])]
         if self.transform is not None:
-            return ChunkResult(start, block.column(ITEM_COLUMN).to_pylist())
+            return span_results(spans, block.column(ITEM_COLUMN).to_pylist())
         data = block.drop_columns([SEQ_COLUMN])
         if self.as_tensors:
-            return ChunkResult(start, to_columns(data))
-        return ChunkResult(start, data.combine_chunks().to_batches()[0])
+            return span_results(spans, to_columns(data))
+        return span_results(spans, data.combine_chunks().to_batches()[0])
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
         reqs = list(requests)
         if not reqs:
-            return iter(())
+            return
         blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
                                                  prefetch_batches=self.prefetch_batches)
-        return ahead(self._chunk, (b for b in blocks if b.num_rows), self.prefetch_batches)
+        for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
+                             self.prefetch_batches):
+            yield from results
 
 
-def chunk_spans(lo: int, hi: int, chunk_rows: int) -> Iterator[tuple[int, int]]:
-    """Cut samples ``lo .. hi-1`` into read chunks growing from ``FIRST_READ_ROWS`` to
-    ``chunk_rows``: the first batch waits only for a small read, and the steady state gets
-    large reads, which Lance serves much faster per row (a take has a fixed cost, and
-    denser row ids share pages) and Ray Data schedules with less overhead per row."""
+def read_sizes(chunk_rows: int) -> Iterator[int]:
+    """Rows of successive reads: from ``FIRST_READ_ROWS`` doubling to ``chunk_rows``. The
+    first batch waits only for a small read; the steady state gets large reads, which Lance
+    serves much faster per row (a take has a fixed cost, and denser row ids share pages)
+    and Ray Data schedules with less overhead per row."""
     size = min(chunk_rows, FIRST_READ_ROWS)
-    while lo < hi:
-        yield lo, min(lo + size, hi)
-        lo += size
+    while True:
+        yield size
         size = min(2 * size, chunk_rows)

@@ -1,19 +1,52 @@
-"""Cutting a stream into read chunks (pure, no table)."""
+"""Cutting a rank's stream into read requests (pure, no table)."""
 
+import itertools
+
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from lance_ray.read import FIRST_READ_ROWS, chunk_spans
+from lance_ray.batching import requests_for, selected_batches
+from lance_ray.order import stream_for
+from lance_ray.plan import PlanSpec, SplitPlan
+from lance_ray.read import FIRST_READ_ROWS, read_sizes
 
 
-@pytest.mark.parametrize("total", [0, 1, FIRST_READ_ROWS - 1, 5 * FIRST_READ_ROWS + 7, 200_000])
 @pytest.mark.parametrize("chunk_rows", [1, 300, FIRST_READ_ROWS, 65536])
-@pytest.mark.parametrize("start", [0, 17])
-def test_chunks_grow_to_the_read_size_and_cover_every_sample_once(total, chunk_rows, start):
-    spans = list(chunk_spans(start, start + total, chunk_rows))
-    covered = [i for lo, hi in spans for i in range(lo, hi)]
-    assert covered == list(range(start, start + total))
-    sizes = [hi - lo for lo, hi in spans[:-1]]  # the last one takes what is left
-    assert all(s <= chunk_rows for s in sizes)
-    if sizes:
-        assert sizes[0] == min(chunk_rows, FIRST_READ_ROWS)
-        assert all(b in (2 * a, chunk_rows) for a, b in zip(sizes, sizes[1:]))
+def test_read_sizes_grow_from_the_first_read_to_the_read_size(chunk_rows):
+    sizes = list(itertools.islice(read_sizes(chunk_rows), 12))
+    assert sizes[0] == min(chunk_rows, FIRST_READ_ROWS)
+    assert all(b in (2 * a, chunk_rows) and b <= chunk_rows for a, b in zip(sizes, sizes[1:]))
+    assert sizes[-1] == chunk_rows
+
+
+def _plan(num_splits: int, split_len: int) -> SplitPlan:
+    spec = PlanSpec(1, num_splits, True, 0, 0)
+    rows = np.random.default_rng(0).permutation(num_splits * split_len).astype(np.uint64)
+    return SplitPlan(spec, split_len, num_splits * split_len, "f",
+                     rows.reshape(num_splits, split_len))
+
+
+@settings(deadline=None, max_examples=60)
+@given(split_len=st.integers(0, 3000), batch_size=st.integers(8, 700),
+       num_workers=st.integers(1, 4), chunk_rows=st.integers(16, 9000),
+       consumed=st.integers(0, 3000))
+def test_requests_cover_exactly_the_samples_of_a_workers_batches(
+        split_len, batch_size, num_workers, chunk_rows, consumed):
+    plan = _plan(4, split_len)
+    done = [min(consumed, split_len)] * 4
+    stream = stream_for(range(4), done, done, split_len)
+    for worker in range(num_workers):
+        wanted = selected_batches(len(stream), batch_size, worker, num_workers)
+        requests = list(requests_for(plan, stream, [(lo, hi) for _, lo, hi in wanted],
+                                     chunk_rows))
+        spans = [s for r in requests for s in r.spans]
+        assert [i for lo, hi in spans for i in range(lo, hi)] == [
+            i for _, lo, hi in wanted for i in range(lo, hi)]
+        for r in requests:  # each request's row ids are its spans' samples, in order
+            splits, positions = zip(*(stream.slice(lo, hi) for lo, hi in r.spans)) or ((), ())
+            expect = plan.row_ids[np.concatenate(splits), np.concatenate(positions)]
+            assert np.array_equal(r.row_ids, expect)
+        sizes = [len(r.row_ids) for r in requests]
+        assert sizes[:-1] == list(itertools.islice(read_sizes(chunk_rows), max(len(sizes) - 1, 0)))
