@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -130,7 +131,10 @@ class StreamingDataset(IterableDataset):
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
                         shuffle_clump_size, filter)
-        plans = (RayTaskPlans if reader == "ray" else LocalPlans)(table_ref, rows)
+        # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
+        # DataLoader workers needs no Ray at all).
+        remote = reader == "ray" and _ray_is_up()
+        plans = (RayTaskPlans if remote else LocalPlans)(table_ref, rows)
         self._init_view(table_ref, spec, plans, rank=rank,
                         world_size=world_size, columns=columns,
                         transform=_policy(transform, on_transform_error, fill_value),
@@ -465,6 +469,11 @@ def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
     if collate_fn is None:
         return to_columns(payload).data, payload.nbytes, 0
     return collate_fn(payload.to_pylist()), payload.nbytes, 0
+
+
+def _ray_is_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def _policy(transform: Transform | None, on_error: ErrorPolicy, fill_value: Any

@@ -1,7 +1,8 @@
 """Where a view gets its part of the plan, and where its progress goes.
 
 ``LocalPlans`` builds the plan in the view's own process (like the reference);
-``RayTaskPlans`` builds it in a Ray task, so the trainer holds only its own splits;
+``RayTaskPlans`` builds it in a Ray task (when Ray is up), so the trainer holds only its
+own splits;
 ``coordinator.CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
 """
 

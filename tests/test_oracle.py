@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+import torch
 from conftest import open_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -124,6 +125,25 @@ def test_ray_data_reader_batches_hold_the_reference_sequence(ray_transforms, tab
                                       read_batch_size=30, **kw)
     got = [i for batch in ours.iter_batches(17) for i in batch.tolist()]
     assert got == expected
+
+
+def test_ray_reader_tensor_batches_and_remote_plan_hold_the_reference_sequence(
+        ray_transforms, table_factory):
+    """The default path: plan built in a Ray task, reads converted to tensors, batches cut
+    across reads of growing size."""
+    from lance_ray.plan_source import RayTaskPlans
+
+    table = table_factory(20000, 3)  # 10000 samples per rank: reads of 4096 then 5904 rows
+    kw = {"num_splits": 4, "world_size": 2, "rank": 1, "shuffle_seed": 5,
+          "shuffle_clump_size": 7}
+    expected = reference_ids(table, kw)
+    ours = lance_ray.StreamingDataset(table, reader="ray", **kw)
+    assert isinstance(ours._plans, RayTaskPlans)
+    local = lance_ray.StreamingDataset(table, reader="local", **kw)
+    assert ours.identity == local.identity
+    batches = list(ours.iter_batches(37))
+    assert all(b["id"].dtype == torch.int64 and b["v"].dim() == 2 for b in batches)
+    assert [i for b in batches for i in b["id"].tolist()] == expected
 
 
 # ----------------------------------------------------------------------- checkpoint interop
