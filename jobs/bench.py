@@ -27,7 +27,8 @@ How:
   pipeline early kills the workers running its tasks), then runs ``--repeats`` timed
   epochs. rows/s is their median; a pass counts from constructing the dataset to its last
   batch (so it includes building the epoch's plan); "steady" rows/s counts only after the
-  first batch (the start-up is the separate time-to-first-batch figure); an epoch longer than ``--max-seconds`` is measured over the part read (marked *).
+  first batch (the start-up is the separate time-to-first-batch figure); an epoch longer
+  than ``--max-seconds`` is measured over the part read (marked *).
 * The first timed epoch of lance_ray (and of the reference) takes ``state_dict()`` at 50%
   and 90% of its batches (not timed). Time to first batch after resuming = construct a new
   dataset + ``load_state_dict`` + first batch; fresh = construct + first batch.
