@@ -68,7 +68,7 @@ class RayTaskPlans(LocalPlans):
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(),
                                               soft=True)
         # num_cpus=0: a short task that must not wait behind the read tasks filling the CPUs.
-        task = ray.remote(num_cpus=0, scheduling_strategy=here)(build_part)
+        task = ray.remote(build_part).options(num_cpus=0, scheduling_strategy=here)
         return ray.get(task.remote(self.table, self.rows_after_filter, spec, list(owned)))
 
 

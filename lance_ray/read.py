@@ -136,6 +136,7 @@ class LocalReader:
         self.as_tensors, self.prefetch = as_tensors, prefetch
 
     def _read(self, req: ChunkRequest) -> list[ChunkResult]:
+        payload: Any
         if self.transform is not None:
             payload = self.transform(take_in_order(self.table, req.row_ids, self.columns))
         elif self.as_tensors:
