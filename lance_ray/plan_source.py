@@ -9,6 +9,7 @@ own splits;
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from .plan import PlanSpec, SplitPlan, build_plan
@@ -76,4 +77,7 @@ def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
                owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
     """The plan of the contiguous ``owned`` splits, and the whole plan's identity."""
     full = build_plan(table.open_lancedb(), spec, rows_after_filter)
-    return full.splits(owned[0], len(owned)), PlanIdentity.of(full)
+    part = full.splits(owned[0], len(owned))
+    if len(owned) < spec.num_splits:  # a view would keep every other rank's splits alive
+        part = replace(part, row_ids=part.row_ids.copy())
+    return part, PlanIdentity.of(full)

@@ -98,6 +98,16 @@ def test_a_view_holds_only_its_own_part_of_the_plan(coord_factory, table_1k):
     assert view.plan.row_ids.shape[0] == NUM_SPLITS // 4
 
 
+@pytest.mark.parametrize("reader", ["local", "ray"])
+def test_a_standalone_view_holds_only_its_own_part_of_the_plan(table_1k, reader):
+    full = lance_ray.StreamingDataset(table_1k, num_splits=NUM_SPLITS, reader="local")
+    view = lance_ray.StreamingDataset(table_1k, num_splits=NUM_SPLITS, rank=1, world_size=4,
+                                      reader=reader)
+    held = view.plan.row_ids if view.plan.row_ids.base is None else view.plan.row_ids.base
+    assert held.nbytes * 4 == full.plan.row_ids.nbytes
+    assert (view.plan.row_ids == full.plan.row_ids[2:4]).all()
+
+
 def test_killed_coordinator_restarts_and_the_epoch_continues_exactly(coord_factory, table_1k):
     coord = coord_factory("restart")
     views = local_views(coord, 2)
