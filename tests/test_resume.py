@@ -224,13 +224,18 @@ def test_global_steps_after_an_aligned_resume_equal_the_uninterrupted_steps(
 # ----------------------------------------------------------------------- d. own state
 
 
+def draw_rank(data: st.DataObject, kw: dict) -> tuple[int, int]:
+    """A world size valid for the plan's splits, and a rank in it."""
+    world_size = data.draw(st.sampled_from(valid_world_sizes(kw["num_splits"])), "world_size")
+    return world_size, data.draw(st.integers(0, world_size - 1), "rank")
+
+
 @PROPERTY
 @given(args=plan_args(), data=st.data())
 def test_rank_state_resumes_the_same_rank_exactly_without_merging(table_factory, args, data):
     shape, kw = args
     table = open_table(table_factory, shape, kw)
-    world_size = data.draw(st.sampled_from(valid_world_sizes(kw["num_splits"])), "world_size")
-    rank = data.draw(st.integers(0, world_size - 1), "rank")
+    world_size, rank = draw_rank(data, kw)
     batch_size = data.draw(st.integers(1, 64), "batch_size")
     new_batch_size = data.draw(st.integers(1, 64), "new_batch_size")
 
@@ -376,8 +381,7 @@ def test_loader_checkpoint_counts_only_returned_batches_and_resumes_on_other_num
 def test_iterating_an_exhausted_epoch_yields_the_next_epochs_plan(table_factory, args, data):
     shape, kw = args
     table = open_table(table_factory, shape, kw)
-    world_size = data.draw(st.sampled_from(valid_world_sizes(kw["num_splits"])), "world_size")
-    rank = data.draw(st.integers(0, world_size - 1), "rank")
+    world_size, rank = draw_rank(data, kw)
     batch_size = data.draw(st.integers(1, 64), "batch_size")
     epoch = kw["epoch"]
 
