@@ -13,7 +13,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import state as st
 from .batching import Batch, assemble, requests_for, selected_batches
-from .convert import Columns, to_columns
+from .convert import Columns
 from .order import RankStream, stream_for
 from .plan import (
     PlanSpec,
@@ -454,7 +454,11 @@ class StreamingDataset(IterableDataset):
 
 def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
             ) -> tuple[Any, int, int]:
-    """One assembled batch as the trainer receives it, its Arrow bytes and skipped count."""
+    """One assembled batch as the trainer receives it, its Arrow bytes and skipped count.
+
+    Arrow payloads only come with a ``collate_fn``: without one the reader already made
+    ``Columns`` (``_read_batches(as_tensors=True)``).
+    """
     if isinstance(payload, list):
         kept, skipped = delivered(payload)
         if not kept:
@@ -466,8 +470,7 @@ def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
         return collate_fn(kept), 0, skipped
     if isinstance(payload, Columns):
         return payload.data, payload.nbytes, 0
-    if collate_fn is None:
-        return to_columns(payload).data, payload.nbytes, 0
+    assert collate_fn is not None, "Arrow payloads are read only for a collate_fn"
     return collate_fn(payload.to_pylist()), payload.nbytes, 0
 
 

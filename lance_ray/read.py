@@ -7,8 +7,11 @@ Two readers share the same read function and the same output (an ordered stream 
   ``Datasource`` turns each chunk into one read task; the user's transform runs as a
   ``map_batches`` stage in Ray tasks; the streaming executor gives prefetch and
   backpressure, and read tasks can run on any node of the cluster.
-* ``LocalReader``: the same work in-process with one prefetching thread, used inside
+* ``LocalReader``: the same work in-process on prefetching threads, used inside
   DataLoader worker processes (which cannot host a Ray driver) and for fast unit tests.
+
+Reads grow from ``FIRST_READ_ROWS`` to the view's read size, and for the tensor batch path
+each read is converted to ``convert.Columns`` once, off the consumer's thread.
 """
 
 from __future__ import annotations
