@@ -3,19 +3,22 @@
 A training attempt (one start of the worker group) writes ``attempt.json`` (which step it
 resumed from) and one JSON-lines file per rank. :func:`lineage` rebuilds the steps that the
 final model descends from: an attempt that resumed from step ``c`` replaces everything the
-earlier attempts logged after ``c`` (those steps died with the crashed attempt).
+earlier attempts logged after ``c`` (those steps died with the crashed attempt). The logs
+live under a local path or a URI (``s3://...``), through :mod:`lance_ray.storage`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from .state import read_json, write_json_atomic
+from . import storage
+from .storage import StorageOptionsFactory
 
 
 @dataclass(frozen=True)
@@ -33,61 +36,118 @@ def new_attempt_id() -> str:
 
 
 class SampleLog:
-    """Append-only log of one rank's samples per global step in one attempt."""
+    """Append-only log of one rank's samples per global step in one attempt.
 
-    def __init__(self, root: str | Path, attempt: Attempt, rank: int):
-        self.dir = Path(root) / attempt.attempt
-        self.dir.mkdir(parents=True, exist_ok=True)
+    ``root`` is a local path or a URI. Locally each step is one appended line; on an object
+    store (no appends) every ``flush_every`` steps become one new object
+    ``rank<r>.<part>.jsonl`` written in one PUT. Call :meth:`flush` before reporting a
+    checkpoint if ``flush_every > 1``: a restore must find every step up to it.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], attempt: Attempt, rank: int, *,
+                 storage_options: StorageOptionsFactory | None = None, flush_every: int = 1):
+        self.dir = storage.join(root, attempt.attempt)
+        self._rank, self._flush_every, self._parts = rank, max(1, flush_every), 0
+        self._options = storage_options
+        self._pending: list[str] = []
         if rank == 0:
-            write_json_atomic(self.dir / "attempt.json", attempt.__dict__)
-        self._file: IO[str] = open(self.dir / f"rank{rank}.jsonl", "a")  # noqa: SIM115
+            storage.write_json_atomic(storage.join(self.dir, "attempt.json"),
+                                      attempt.__dict__, storage_options=storage_options)
+        self._file: IO[str] | None = None
+        if not storage.is_remote(root):
+            _, local = storage.resolve(self.dir)
+            os.makedirs(local, exist_ok=True)
+            self._file = open(os.path.join(local, f"rank{rank}.jsonl"), "a")  # noqa: SIM115
 
     def write(self, step: int, ids: list[int], *, wait_s: float = 0.0) -> None:
         """Log the sample ids trained on at ``step``, when, and how long data took."""
         record = {"step": step, "ids": ids, "t": time.time(), "wait_s": round(wait_s, 6)}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        line = json.dumps(record) + "\n"
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+            return
+        self._pending.append(line)
+        if len(self._pending) >= self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Make every logged step durable (one object on an object store)."""
+        if self._file is not None or not self._pending:
+            return
+        name = f"rank{self._rank}.{self._parts:08d}.jsonl"
+        storage.write_bytes_atomic(storage.join(self.dir, name),
+                                   "".join(self._pending).encode("utf-8"),
+                                   storage_options=self._options)
+        self._parts += 1
+        self._pending.clear()
 
     def close(self) -> None:
-        self._file.close()
+        self.flush()
+        if self._file is not None:
+            self._file.close()
 
 
-def read_attempts(root: str | Path) -> list[tuple[Attempt, dict[int, list[int]]]]:
+_LOG_RE = re.compile(r"^rank(\d+)(?:\.(\d+))?\.jsonl$")
+
+
+def _attempt_dirs(root: str | os.PathLike[str],
+                  storage_options: StorageOptionsFactory | None) -> list[str]:
+    return [d for d in storage.list_dirs(root, storage_options=storage_options)
+            if storage.exists(storage.join(d, "attempt.json"), storage_options=storage_options)]
+
+
+def _records(attempt_dir: str,
+             storage_options: StorageOptionsFactory | None) -> list[dict[str, Any]]:
+    """Every logged step record of one attempt, rank by rank, parts in order."""
+    logs = []
+    for path in storage.list_files(attempt_dir, storage_options=storage_options):
+        m = _LOG_RE.match(storage.basename(path))
+        if m:
+            logs.append((int(m.group(1)), int(m.group(2) or -1), path))
+    out: list[dict[str, Any]] = []
+    for _, _, path in sorted(logs):
+        text = storage.read_bytes(path, storage_options=storage_options).decode("utf-8")
+        out.extend(json.loads(line) for line in text.splitlines() if line.strip())
+    return out
+
+
+def read_attempts(root: str | os.PathLike[str], *,
+                  storage_options: StorageOptionsFactory | None = None
+                  ) -> list[tuple[Attempt, dict[int, list[int]]]]:
     """Every attempt under ``root`` in start order, with its steps (ranks concatenated)."""
     out = []
-    for d in sorted(p for p in Path(root).iterdir() if (p / "attempt.json").exists()):
-        attempt = Attempt(**read_json(d / "attempt.json"))
+    for d in _attempt_dirs(root, storage_options):
+        attempt = Attempt(**storage.read_json(storage.join(d, "attempt.json"),
+                                              storage_options=storage_options))
         steps: dict[int, list[int]] = {}
-        for rank_file in sorted(d.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:])):
-            for line in rank_file.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    steps.setdefault(rec["step"], []).extend(rec["ids"])
+        for rec in _records(d, storage_options):
+            steps.setdefault(rec["step"], []).extend(rec["ids"])
         out.append((attempt, steps))
     out.sort(key=lambda a: a[0].started)
     return out
 
 
-def timeline(root: str | Path) -> list[tuple[float, int, float]]:
+def timeline(root: str | os.PathLike[str], *,
+             storage_options: StorageOptionsFactory | None = None
+             ) -> list[tuple[float, int, float]]:
     """``(time, samples, max data wait over ranks)`` of every logged step of every attempt."""
     out = []
-    for d in sorted(p for p in Path(root).iterdir() if (p / "attempt.json").exists()):
+    for d in _attempt_dirs(root, storage_options):
         per_step: dict[int, list[dict]] = {}
-        for rank_file in d.glob("rank*.jsonl"):
-            for line in rank_file.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    per_step.setdefault(rec["step"], []).append(rec)
+        for rec in _records(d, storage_options):
+            per_step.setdefault(rec["step"], []).append(rec)
         for recs in per_step.values():
             out.append((max(r.get("t", 0.0) for r in recs), sum(len(r["ids"]) for r in recs),
                         max(r.get("wait_s", 0.0) for r in recs)))
     return sorted(out)
 
 
-def lineage(root: str | Path) -> list[list[int]]:
+def lineage(root: str | os.PathLike[str], *,
+            storage_options: StorageOptionsFactory | None = None) -> list[list[int]]:
     """The global steps (1-based, in order) that the final model descends from."""
     effective: dict[int, list[int]] = {}
-    for attempt, steps in read_attempts(root):
+    for attempt, steps in read_attempts(root, storage_options=storage_options):
         effective = {s: ids for s, ids in effective.items() if s <= attempt.resumed_from_step}
         effective.update(steps)
     missing = [s for s in range(1, len(effective) + 1) if s not in effective]

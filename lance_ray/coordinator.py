@@ -15,13 +15,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import ray
 
 from . import ledger as lg
 from . import state as st
+from . import storage
 from .plan import PlanSpec, SplitPlan, build_plan, check_plan_args, splits_per_rank
 from .plan_source import DEFAULT_NAMESPACE
 from .table import (
@@ -56,12 +56,16 @@ class CoordinatorActor:
     """The actor body. Use :class:`Coordinator` to create or find one."""
 
     def __init__(self, name: str, table: TableRef, spec: dict[str, Any], rows: int,
-                 world_size: int, storage_path: str):
+                 world_size: int, storage_path: str,
+                 storage_retry: storage.RetryPolicy | None = None):
         self._name = name
         self._table = table
         self._spec = PlanSpec(**spec)
         self._rows = rows
-        self._path = Path(storage_path) / name / "coordinator.json"
+        # I/O: one JSON object under a path or URI, with the table's storage options.
+        self._path = storage.join(storage_path, name, "coordinator.json")
+        self._io: dict[str, Any] = {"storage_options": table.storage_options,
+                                    "retry": storage_retry}
         self._lock = threading.RLock()
         self._plan_lock = threading.Lock()
         self._plans: OrderedDict[int, SplitPlan] = OrderedDict()
@@ -78,9 +82,9 @@ class CoordinatorActor:
         return {"uri": self._table.uri, "spec": {**asdict(self._spec), "epoch": 0}}
 
     def _recover(self) -> lg.Ledger | None:
-        if not self._path.exists():
+        if not storage.exists(self._path, **self._io):
             return None
-        saved = st.read_json(self._path)
+        saved = storage.read_json(self._path, **self._io)
         if saved.get("format_version") != PERSIST_FORMAT or saved.get("config") != self._config():
             raise ValueError(
                 f"{self._path} holds coordinator {self._name!r} of a different table or plan; "
@@ -99,12 +103,12 @@ class CoordinatorActor:
         """Write the ledger. Every seal is written (a killed actor loses nothing);
         ``durable`` adds an fsync, for states handed out as checkpoints."""
         led = self._ledger
-        st.write_json_atomic(self._path, {
+        storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
             "config": self._config(),
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
                        "epoch": led.epoch, "sealed": _sealed_to_json(led.sealed)},
-        }, fsync=durable)
+        }, fsync=durable, **self._io)
 
     # ----------------------------------------------------------------- plan
 
@@ -279,12 +283,15 @@ class Coordinator:
         namespace: str = DEFAULT_NAMESPACE,
         detached: bool = False,
         lease_version: bool = True,
+        storage_retry: storage.RetryPolicy | None = None,
     ) -> Coordinator:
         """Create the coordinator ``name`` (or attach to the live one of that name).
 
         Call this from the job driver (or pass ``detached=True`` so it outlives the job),
         never from a train worker: a non-detached actor dies with its creator.
-        ``storage_path`` must be reachable from every node; sealed progress is kept there.
+        ``storage_path`` (a shared path or an ``s3://``/``gs://``/``az://`` URI) must be
+        reachable from every node; sealed progress is kept there (``storage_retry``: how long
+        writes retry while the store is down before failing).
         Keep the returned handle alive while the run needs the actor: a non-detached actor
         is stopped when its last handle goes away. With ``lease_version`` the pinned table
         version is tagged so that version cleanup cannot remove it while the run needs it;
@@ -301,6 +308,7 @@ class Coordinator:
                                        filter=filter)
         splits_per_rank(num_splits, world_size)
         ref = resolve_table(table, version=table_version, storage_options=storage_options)
+        storage.resolve(storage_path, storage_options)  # an unknown scheme fails here
         rows = count_rows(ref, filter, num_splits)
         if lease_version:
             take_lease(ref, name)
@@ -309,7 +317,8 @@ class Coordinator:
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
         handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
-            name, ref, asdict(spec), rows, world_size, str(storage_path))
+            name, ref, asdict(spec), rows, world_size, storage.absolute(storage_path),
+            storage_retry)
         ray.get(handle.describe.remote())  # surface construction errors here
         return cls(handle, name, namespace)
 

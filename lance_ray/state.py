@@ -9,15 +9,14 @@ JSON file helpers.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from . import storage
 from .plan import SplitPlan, rank_splits
+from .storage import StorageOptionsFactory
 
 logger = logging.getLogger(__name__)
 
@@ -356,44 +355,37 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
             EXTRA_KEY: merged_extra}
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
-    """Write ``obj`` as JSON so that readers see the old file or the new one, never half.
+# ----------------------------------------------------------------- files (local or URI)
+# The I/O lives in storage.py (pyarrow filesystems, atomic writes, bounded retries); these
+# wrappers keep the public names stable.
 
-    ``fsync=False`` still survives the writer's process dying (the rename is atomic); only
-    a machine crash can then lose the newest file.
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True,
+                      storage_options: StorageOptionsFactory | None = None) -> None:
+    """Write ``obj`` as JSON to a local path or a URI (``s3://``, ``gs://``, ``az://``,
+    ``file://``) so that readers see the old file or the new one, never half.
+
+    ``fsync=False`` (local files) still survives the writer's process dying (the rename is
+    atomic); only a machine crash can then lose the newest file.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, sort_keys=True)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    storage.write_json_atomic(path, obj, fsync=fsync, storage_options=storage_options)
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file (never pickle), with an error that names the file."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        # Never fall back to unpickling: loading a pickle can run arbitrary code.
-        raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {e}") from e
+def read_json(path: str | os.PathLike[str], *,
+              storage_options: StorageOptionsFactory | None = None) -> Any:
+    """Parse a JSON file or object (never pickle), with an error that names it."""
+    return storage.read_json(path, storage_options=storage_options)
 
 
-def save_state(path: str | os.PathLike[str], state: dict) -> None:
-    """Validate ``state`` and write it as JSON atomically."""
+def save_state(path: str | os.PathLike[str], state: dict, *,
+               storage_options: StorageOptionsFactory | None = None) -> None:
+    """Validate ``state`` and write it as JSON atomically (local path or URI)."""
     parse_state(state)
-    write_json_atomic(path, state)
+    write_json_atomic(path, state, storage_options=storage_options)
 
 
-def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a state written by :func:`save_state`."""
-    state = read_json(path)
+def load_state(path: str | os.PathLike[str], *,
+               storage_options: StorageOptionsFactory | None = None) -> dict[str, Any]:
+    """Read and validate a state written by :func:`save_state` (local path or URI)."""
+    state = read_json(path, storage_options=storage_options)
     parse_state(state)
     return state

@@ -11,13 +11,13 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .storage import StorageOptionsFactory
+
 logger = logging.getLogger(__name__)
 
-StorageOptionsFactory = Callable[[], dict[str, str]]
 
 
 @dataclass(frozen=True)

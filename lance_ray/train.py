@@ -24,11 +24,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import storage
 from .coordinator import Coordinator
 from .dataset import StreamingDataset
 from .plan import valid_world_sizes
 from .plan_source import DEFAULT_NAMESPACE
 from .state import load_state, merge_state_dicts, save_state
+from .storage import StorageOptionsFactory
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +55,16 @@ def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int) -> No
         )
 
 
-def checkpoint_data_state(checkpoint_dir: str | Path) -> dict[str, Any] | None:
-    """The merged data state stored in a checkpoint directory (None if it has none)."""
-    files = sorted(p for p in Path(checkpoint_dir).iterdir() if _STATE_RE.search(p.name))
+def checkpoint_data_state(checkpoint_dir: str | Path, *,
+                          storage_options: StorageOptionsFactory | None = None
+                          ) -> dict[str, Any] | None:
+    """The merged data state stored in a checkpoint directory, a local path or a URI such as
+    ``s3://bucket/runs/my-run/checkpoint_...`` (None if it has none)."""
+    files = [p for p in storage.list_files(checkpoint_dir, storage_options=storage_options)
+             if _STATE_RE.search(storage.basename(p))]
     if not files:
         return None
-    return merge_state_dicts([load_state(p) for p in files])
+    return merge_state_dicts([load_state(p, storage_options=storage_options) for p in files])
 
 
 def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,

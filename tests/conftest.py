@@ -1,8 +1,10 @@
-"""Shared fixtures: real Lance tables on disk and one local Ray cluster per session."""
+"""Shared fixtures: real Lance tables on disk, one local Ray cluster per session, and a real
+S3-compatible server (moto) for tests of object storage."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 
 # Before ray is imported anywhere: no auth tokens, no progress bars, no usage reporting.
@@ -10,10 +12,23 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import lancedb
-import numpy as np
-import pyarrow as pa
-import pytest
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+import local_s3  # noqa: E402
+
+# The local S3 server's endpoint and dummy credentials go into the environment now, before
+# any Ray node starts, so every Ray worker (actors, train workers) sees them too; the server
+# itself starts only when a test asks for the `s3` fixture.
+S3_PORT = local_s3.free_port()
+os.environ.update(local_s3.s3_env(S3_PORT))
+S3_BUCKET = "lance-ray-test"
+
+import lancedb  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pytest  # noqa: E402
 
 
 def write_table(path: str, n: int, *, fragments: int = 2, dim: int = 4, name: str = "t"):
@@ -99,3 +114,21 @@ def ray_cluster() -> Iterator[object]:
 @pytest.fixture(scope="session")
 def ray_session(ray_cluster) -> None:
     """Ray is connected (to the session's two-node cluster)."""
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[local_s3.LocalS3]:
+    """A real S3-compatible server (moto) on 127.0.0.1 for the session, stopped by its
+    handle at the end. Fault tests may freeze it."""
+    server = local_s3.LocalS3.start(S3_PORT)
+    try:
+        server.create_bucket(S3_BUCKET)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, request) -> str:
+    """A fresh ``s3://`` prefix for one test, in the session server's bucket."""
+    return f"s3://{S3_BUCKET}/{re.sub(r'[^A-Za-z0-9_-]', '-', request.node.name)[:60]}"
