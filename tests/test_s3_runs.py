@@ -1,0 +1,107 @@
+"""Runs with no shared disk: the table and the coordinator's ledger on a real S3-compatible
+server (moto on 127.0.0.1), read and written from the two-node Ray cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import ray
+from conftest import write_table
+from lancedb import streaming as reference
+from test_coordinator import NUM_SPLITS, local_views, step_views, uninterrupted, wait_sealed
+
+import lance_ray
+from lance_ray import storage
+from lance_ray.coordinator import Coordinator
+from lance_ray.plan_source import DEFAULT_NAMESPACE
+from lance_ray.verify import compare_steps, coverage
+
+
+@pytest.fixture(scope="module")
+def s3_table(s3_server):
+    from conftest import S3_BUCKET
+
+    return write_table(f"s3://{S3_BUCKET}/tables/db", 600, fragments=3)
+
+
+@pytest.mark.parametrize("reader", ["local", "ray"])
+def test_a_table_on_s3_reads_the_reference_sequence_on_both_readers(ray_session, s3_table,
+                                                                    reader):
+    kw = {"num_splits": 6, "world_size": 2, "shuffle_seed": 7, "shuffle_clump_size": 5}
+    for rank in range(2):
+        ours = lance_ray.StreamingDataset(s3_table, rank=rank, reader=reader, **kw)
+        theirs = reference.StreamingDataset(s3_table, rank=rank, **kw)
+        assert [r["id"] for r in ours] == [r["id"] for r in theirs]
+
+
+@pytest.fixture
+def s3_coords(ray_session, s3_table, s3):
+    made = []
+
+    def make(name: str, **kw) -> Coordinator:
+        c = Coordinator.create(s3_table, name, storage_path=f"{s3}/store", world_size=2,
+                               num_splits=NUM_SPLITS, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        with contextlib.suppress(Exception):
+            c.kill()
+
+
+def test_the_ledger_on_s3_survives_a_killed_actor_and_a_new_job_exactly_once(s3_coords,
+                                                                            s3_table, s3):
+    coord = s3_coords("s3_restart")
+    ledger = f"{s3}/store/s3_restart/coordinator.json"
+    views = local_views(coord, 2)
+    before = step_views(views, 8)
+    wait_sealed(coord, 8)
+    assert storage.read_json(ledger)["ledger"]["sealed"]["step"] == 8  # on S3, not ./s3:/
+    ray.kill(coord.handle, no_restart=False)  # Ray restarts it; it reloads the ledger
+    middle = step_views(views, 6)
+    wait_sealed(coord, 14)
+    coord.kill()  # gone for good: a new job (any node) re-creates it from S3
+    again = s3_coords("s3_restart")
+    assert again.status()["sealed_step"] == 14
+    after = step_views(local_views(again, 2))
+    full = uninterrupted(s3_table)
+    done = before + middle + after
+    report = compare_steps(coverage([i for s in full for i in s], [],
+                                    [i for s in done for i in s]), full, done)
+    assert report.exactly_once and report.steps_identical, report
+
+
+def test_a_store_stopped_mid_epoch_delays_the_run_but_loses_and_repeats_nothing(
+        s3_coords, s3_table, s3_server):
+    coord = s3_coords("s3_freeze")
+    views = local_views(coord, 2)
+    before = step_views(views, 5)
+    wait_sealed(coord, 5)
+    s3_server.freeze()  # SIGSTOP: requests hang until the server continues
+    thaw = threading.Timer(4.0, s3_server.thaw)
+    thaw.start()
+    try:
+        after = step_views(views)
+    finally:
+        thaw.join()
+        s3_server.thaw()
+    last = len(before) + len(after)
+    wait_sealed(coord, last, timeout=60)
+    full = uninterrupted(s3_table)
+    done = before + after
+    report = compare_steps(coverage([i for s in full for i in s], [],
+                                    [i for s in done for i in s]), full, done)
+    assert report.exactly_once and report.steps_identical, report
+    assert coord.state_dict()["lance_ray"]["global_step"] == last
+
+
+def test_an_unknown_scheme_for_the_ledger_is_refused_before_the_actor_starts(ray_session,
+                                                                            s3_table):
+    with pytest.raises(ValueError, match="unsupported storage scheme 'hdfs'"):
+        Coordinator.create(s3_table, "bad_scheme", storage_path="hdfs://nn/runs",
+                           world_size=2, num_splits=NUM_SPLITS, lease_version=False)
+    with pytest.raises(ValueError):  # no actor was created under that name
+        ray.get_actor("bad_scheme", namespace=DEFAULT_NAMESPACE)
