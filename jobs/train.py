@@ -16,7 +16,6 @@ import argparse
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
@@ -28,6 +27,7 @@ import torch
 from ray.train.torch import TorchTrainer
 
 import lance_ray.train as lt
+from lance_ray import storage
 from lance_ray.audit import Attempt, SampleLog, new_attempt_id
 from lance_ray.cli import print_status
 from lance_ray.coordinator import Coordinator
@@ -61,7 +61,7 @@ def train_loop(config: dict[str, Any]) -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time())
     log = SampleLog(config["log_dir"], attempt, rank)
-    crash_marker = Path(config["log_dir"]) / "crash-injected"
+    crash_marker = storage.join(config["log_dir"], "crash-injected")  # I/O: path or URI
     stop_at, every = config["stop_at_step"], config["checkpoint_every"]
     logger.info("rank %d/%d starts at global step %d", rank, world_size, ds.global_step)
     started, rows = time.monotonic(), 0
@@ -74,8 +74,9 @@ def train_loop(config: dict[str, Any]) -> None:
         opt.step()
         log.write(step, batch["id"].tolist(), wait_s=ds.stats.last_wait_s)
         rows += len(batch["id"])
-        if step == config["crash_at_step"] and rank == world_size - 1 and not crash_marker.exists():
-            crash_marker.touch()
+        if (step == config["crash_at_step"] and rank == world_size - 1
+                and not storage.exists(crash_marker)):
+            storage.write_bytes_atomic(crash_marker, b"")
             logger.warning("rank %d: injected crash at global step %d", rank, step)
             os._exit(1)
         if step % every == 0 or step == stop_at:
@@ -129,8 +130,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.local_mode:
         args.workers = 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    storage = Path(args.storage_path).resolve()
-    run_dir = storage / args.name
+    # I/O: --db and --storage-path are local paths or URIs (s3://...), via lance_ray.storage.
+    db_uri, storage_uri = storage.absolute(args.db), storage.absolute(args.storage_path)
+    run_dir = storage.join(storage_uri, args.name)
 
     num_workers = args.workers if args.min_workers is None else (args.min_workers, args.workers)
     lt.check_world_sizes(num_workers, args.num_splits)
@@ -139,12 +141,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--global-batch {args.global_batch} must be divisible by every "
                          f"world size in {list(sizes)}")
     connect(args.address)
-    table = lancedb.connect(str(Path(args.db).resolve())).open_table(args.table)
-    run = {"db": str(Path(args.db).resolve()), "table": args.table,
+    table = lancedb.connect(db_uri).open_table(args.table)
+    run = {"db": db_uri, "table": args.table,
            "num_splits": args.num_splits, "shuffle_seed": args.seed,
            "global_batch": args.global_batch, "table_version": table.version}
-    run_file = run_dir / "run.json"
-    if run_file.exists():  # a resumed run keeps its plan and global batch
+    run_file = storage.join(run_dir, "run.json")
+    if storage.exists(run_file):  # a resumed run keeps its plan and global batch
         saved = read_json(run_file)
         changed = {k: (saved[k], v) for k, v in run.items() if saved.get(k) != v
                    and k != "table_version"}
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         write_json_atomic(run_file, run)
     # Keep the handle: a non-detached actor lives only as long as its handle does.
-    coordinator = Coordinator.create(table, args.name, storage_path=str(run_dir / "coordinator"),
+    ledger_dir = storage.join(run_dir, "coordinator")
+    coordinator = Coordinator.create(table, args.name, storage_path=ledger_dir,
                        world_size=args.workers, num_splits=args.num_splits,
                        shuffle_seed=args.seed, table_version=run["table_version"])
     slots = ray.cluster_resources().get("slot", 0)
@@ -166,10 +169,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         train_loop_config={"name": args.name, "dim": 16, "global_batch": args.global_batch,
                            "checkpoint_every": args.checkpoint_every,
                            "stop_at_step": args.stop_at_step, "crash_at_step": args.crash_at_step,
-                           "log_dir": str(run_dir / "samples")},
+                           "log_dir": storage.join(run_dir, "samples")},
         scaling_config=scaling,
         run_config=ray.train.RunConfig(
-            name=args.name, storage_path=str(storage),
+            name=args.name, **lt.run_storage(storage_uri),
             failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3)),
     )

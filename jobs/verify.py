@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import lance_ray
+from lance_ray import storage
 from lance_ray.audit import lineage, read_attempts
 from lance_ray.state import read_json
 from lance_ray.verify import CoverageReport, compare_steps, coverage
@@ -22,16 +23,16 @@ from lance_ray.verify import CoverageReport, compare_steps, coverage
 def uninterrupted_steps(run: dict) -> list[list[int]]:
     """The global steps of the same plan read by one rank without interruption."""
     ds = lance_ray.StreamingDataset(
-        str(Path(run["db"]) / f"{run['table']}.lance"), num_splits=run["num_splits"],
+        storage.join(run["db"], f"{run['table']}.lance"), num_splits=run["num_splits"],
         shuffle_seed=run["shuffle_seed"], table_version=run["table_version"], columns=["id"],
         reader="local")
     return [b["id"].tolist() for b in ds.iter_batches(run["global_batch"])]
 
 
-def verify_run(run_dir: Path) -> tuple[CoverageReport, list[str]]:
-    """The coverage report of the run in ``run_dir`` and a line per attempt."""
-    run = read_json(run_dir / "run.json")
-    samples = run_dir / "samples"
+def verify_run(run_dir: str | Path) -> tuple[CoverageReport, list[str]]:
+    """The coverage report of the run in ``run_dir`` (a path or URI) and a line per attempt."""
+    run = read_json(storage.join(run_dir, "run.json"))
+    samples = storage.join(run_dir, "samples")
     attempts = [f"attempt {i}: {a.world_size} worker(s), resumed from step "
                 f"{a.resumed_from_step}, logged steps {min(s, default=0)}..{max(s, default=0)}"
                 for i, (a, s) in enumerate(read_attempts(samples))]
@@ -46,7 +47,7 @@ def main() -> None:
     p.add_argument("--storage-path", default="runs/demo/storage")
     p.add_argument("--name", default="demo-run")
     args = p.parse_args()
-    report, attempts = verify_run(Path(args.storage_path).resolve() / args.name)
+    report, attempts = verify_run(storage.join(storage.absolute(args.storage_path), args.name))
     print("\n".join(attempts))
     print(f"planned samples {report.planned}, trained {report.after}, duplicates "
           f"{report.duplicates}, lost {report.lost}, unexpected {report.unexpected}")

@@ -55,6 +55,22 @@ def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int) -> No
         )
 
 
+def run_storage(storage_path: str | Path) -> dict[str, Any]:
+    """``RunConfig`` keyword arguments for ``storage_path``, a shared local path or a URI.
+
+    For ``s3://`` the filesystem is built from the environment (``AWS_ENDPOINT_URL`` for an
+    S3-compatible store, credentials from ``AWS_*`` on every node) with bounded request
+    timeouts; it holds no keys, so Ray may pickle it to every worker. Other URIs are left to
+    Ray Train; a local path is made absolute.
+    """
+    uri = storage.absolute(storage_path)
+    if uri.startswith("s3://"):
+        return {"storage_path": uri.removeprefix("s3://"),
+                "storage_filesystem": storage.s3_filesystem_from_env()}
+    storage.resolve(uri)  # an unknown scheme fails here, not as a local directory
+    return {"storage_path": uri}
+
+
 def checkpoint_data_state(checkpoint_dir: str | Path, *,
                           storage_options: StorageOptionsFactory | None = None
                           ) -> dict[str, Any] | None:

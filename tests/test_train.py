@@ -61,3 +61,26 @@ def test_world_sizes_that_cannot_divide_num_splits_are_refused_before_training()
     check_world_sizes(6, 12)
     with pytest.raises(ValueError, match=r"sizes \[3\].*valid world sizes are \[1, 2, 4, 8\]"):
         check_world_sizes((2, 4), 8)
+
+
+def test_a_run_on_s3_crashes_and_resumes_on_another_world_size_exactly_once(ray_session, s3):
+    """No shared disk: table, Ray Train checkpoints, ledger and sample logs all on S3."""
+    from lance_ray import storage
+
+    create_table(f"{s3}/db", "demo", rows=640, dim=16, fragments=2)
+    name = "s3-run"
+    args = ["--db", f"{s3}/db", "--table", "demo", "--storage-path", f"{s3}/runs",
+            "--name", name, "--num-splits", "8", "--global-batch", "32",
+            "--checkpoint-every", "4"]
+    first = train_job.main(args + ["--workers", "2", "--crash-at-step", "6",
+                                   "--stop-at-step", "12"])
+    assert first["global_step"] == 12
+    last = train_job.main(args + ["--workers", "4"])
+    assert last["global_step"] == 20  # 640 rows / 32 per global step
+    run_dir = f"{s3}/runs/{name}"
+    report, attempts = verify_job.verify_run(run_dir)
+    assert len(attempts) == 3, attempts  # crashed, recovered, resized
+    assert report.exactly_once and report.after == report.planned == 640, report
+    assert report.steps_identical, report
+    assert any("checkpoint_" in d for d in storage.list_dirs(run_dir))  # Ray Train's, on S3
+    assert storage.exists(f"{run_dir}/coordinator/{name}/coordinator.json")
