@@ -65,6 +65,8 @@ def test_world_sizes_that_cannot_divide_num_splits_are_refused_before_training()
 
 def test_a_run_on_s3_crashes_and_resumes_on_another_world_size_exactly_once(ray_session, s3):
     """No shared disk: table, Ray Train checkpoints, ledger and sample logs all on S3."""
+    from test_security import assert_no_credentials
+
     from lance_ray import storage
 
     create_table(f"{s3}/db", "demo", rows=640, dim=16, fragments=2)
@@ -84,3 +86,4 @@ def test_a_run_on_s3_crashes_and_resumes_on_another_world_size_exactly_once(ray_
     assert report.steps_identical, report
     assert any("checkpoint_" in d for d in storage.list_dirs(run_dir))  # Ray Train's, on S3
     assert storage.exists(f"{run_dir}/coordinator/{name}/coordinator.json")
+    assert_no_credentials(run_dir)  # checkpoints, Ray Train's own files, ledger, logs
