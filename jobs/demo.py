@@ -12,6 +12,11 @@
    the epoch;
 6. verify from the per-step sample logs that every sample was trained on exactly once and
    that every global step holds the same samples as an uninterrupted run; stop the cluster.
+
+With ``--s3`` the same proof runs with no shared disk: the table, Ray Train's checkpoints,
+the coordinator's ledger and the sample logs all live on a local S3-compatible server (moto
+on 127.0.0.1, started and stopped here); every node gets its endpoint and dummy credentials
+from the environment.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from lance_ray import storage  # noqa: E402
+
+S3_BUCKET = "lance-ray-demo"
 
 
 def run(cmd: list[str], env: dict[str, str], *, title: str) -> None:
@@ -34,13 +43,16 @@ def run(cmd: list[str], env: dict[str, str], *, title: str) -> None:
     print(f"=== done in {time.monotonic() - started:.0f}s", flush=True)
 
 
-def inspect_latest_checkpoint(work: Path, env: dict[str, str]) -> None:
+def inspect_latest_checkpoint(work: Path, run_storage: str, env: dict[str, str]) -> None:
     """Merge the ranks' data states of the latest checkpoint and inspect them (CLI)."""
-    latest = max(p for p in (work / "storage" / "demo-run").glob("checkpoint_*") if p.is_dir())
+    latest = max(d for d in storage.list_dirs(storage.join(run_storage, "demo-run"))
+                 if storage.basename(d).startswith("checkpoint_"))
+    states = [f for f in storage.list_files(latest)
+              if storage.basename(f).startswith("lance_ray_state_rank")]
     merged, png = work / "checkpoint_state.json", work / "checkpoint_state.png"
     cli = [sys.executable, "-m", "lance_ray"]
-    run(cli + ["merge", *map(str, sorted(latest.glob("lance_ray_state_rank*.json"))),
-               "-o", str(merged)], env, title=f"merge the rank states of {latest.name}")
+    run(cli + ["merge", *states, "-o", str(merged)], env,
+        title=f"merge the rank states of {storage.basename(latest)}")
     run(cli + ["inspect", str(merged), "--png", str(png)], env,
         title="inspect the checkpoint the resized run will resume from")
 
@@ -52,12 +64,27 @@ def main() -> None:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--crash-at-step", type=int, default=15)
     p.add_argument("--stop-at-step", type=int, default=40)
+    p.add_argument("--s3", action="store_true",
+                   help="table and run storage on a local S3-compatible server (moto)")
     args = p.parse_args()
 
     work = (REPO / args.workdir).resolve()
     for stale in ("db", "storage"):
         shutil.rmtree(work / stale, ignore_errors=True)
     bin_dir = Path(sys.executable).parent
+    s3_server = None
+    db, run_storage = str(work / "db"), str(work / "storage")
+    if args.s3:
+        sys.path.insert(0, str(REPO / "jobs"))
+        from local_s3 import LocalS3
+
+        work.mkdir(parents=True, exist_ok=True)
+        s3_server = LocalS3.start(log=work / "moto.log")
+        s3_server.create_bucket(S3_BUCKET)
+        os.environ.update(s3_server.env())  # the cluster's nodes inherit it
+        db, run_storage = f"s3://{S3_BUCKET}/db", f"s3://{S3_BUCKET}/storage"
+        print(f"local S3 server at {s3_server.endpoint}: table and run storage on "
+              f"s3://{S3_BUCKET}", flush=True)
     env = {**os.environ, "RAY": str(bin_dir / "ray"),
            "LANCE_RAY_CLUSTER_DIR": str(work / "cluster"),
            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
@@ -68,27 +95,30 @@ def main() -> None:
                              check=True).stdout.strip()
     submit = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", ".",
               "--", "python"]
-    train = ["jobs/train.py", "--db", str(work / "db"), "--storage-path", str(work / "storage"),
+    train = ["jobs/train.py", "--db", db, "--storage-path", run_storage,
              "--global-batch", str(args.global_batch), "--checkpoint-every", "10"]
     subprocess.run(cluster + ["stop"], env=env, check=False, cwd=REPO, capture_output=True)
     try:
         run(cluster + ["start", "1"], env, title="start a local cluster: head + 1 worker node")
-        run(submit + ["jobs/make_table.py", "--db", str(work / "db"), "--rows", str(args.rows)],
+        run(submit + ["jobs/make_table.py", "--db", db, "--rows", str(args.rows)],
             env, title="create the demo table")
         run(submit + train + ["--workers", "2", "--crash-at-step", str(args.crash_at_step),
                               "--stop-at-step", str(args.stop_at_step)],
             env, title=f"train on 2 workers, crash at step {args.crash_at_step}, "
                        f"stop at step {args.stop_at_step}")
-        inspect_latest_checkpoint(work, env)
+        inspect_latest_checkpoint(work, run_storage, env)
         run(cluster + ["resize", "2"], env, title="resize the cluster to 2 worker nodes")
         run(submit + train + ["--workers", "4"], env,
             title="resume the same run on 4 workers and finish the epoch")
-        run([sys.executable, "jobs/plot_run.py", "--storage-path", str(work / "storage")], env,
+        out = ["-o", str(work / "run_summary.png")] if args.s3 else []  # the PNG stays local
+        run([sys.executable, "jobs/plot_run.py", "--storage-path", run_storage, *out], env,
             title="plot throughput and data wait over the run")
-        run([sys.executable, "jobs/verify.py", "--storage-path", str(work / "storage")], env,
+        run([sys.executable, "jobs/verify.py", "--storage-path", run_storage], env,
             title="verify exactly-once from the sample logs")
     finally:
         subprocess.run(cluster + ["stop"], env=env, check=False, cwd=REPO)
+        if s3_server is not None:
+            s3_server.stop()
 
 
 if __name__ == "__main__":

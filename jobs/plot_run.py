@@ -9,17 +9,18 @@ import argparse
 import math
 from pathlib import Path
 
+from lance_ray import storage
 from lance_ray.audit import timeline
 
 
-def plot(run_dir: Path, out: Path, window: int = 5, gap_s: float = 5.0) -> Path:
+def plot(run_dir: str | Path, out: Path, window: int = 5, gap_s: float = 5.0) -> Path:
     """Rows/s (over ``window`` steps) and the slowest rank's data wait, per logged step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = timeline(run_dir / "samples")
+    points = timeline(storage.join(run_dir, "samples"))
     t0 = points[0][0]
     times = [t - t0 for t, _, _ in points]
     rates = []
@@ -39,7 +40,7 @@ def plot(run_dir: Path, out: Path, window: int = 5, gap_s: float = 5.0) -> Path:
     bottom.plot(times, waits, color="tab:red", marker=".")
     bottom.set_ylabel("data wait per step (ms)")
     bottom.set_xlabel("seconds since the first logged step (gaps: restarts and resizes)")
-    top.set_title(f"run {run_dir.name}: {len(points)} logged steps")
+    top.set_title(f"run {storage.basename(run_dir)}: {len(points)} logged steps")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     return out
@@ -51,8 +52,10 @@ def main() -> None:
     p.add_argument("--name", default="demo-run")
     p.add_argument("-o", "--out", default=None)
     args = p.parse_args()
-    run_dir = Path(args.storage_path).resolve() / args.name
-    out = Path(args.out) if args.out else run_dir / "run_summary.png"
+    run_dir = storage.join(storage.absolute(args.storage_path), args.name)
+    if args.out is None and storage.is_remote(run_dir):
+        p.error("the run is on an object store: give a local -o/--out for the PNG")
+    out = Path(args.out) if args.out else Path(run_dir) / "run_summary.png"
     print(f"wrote {plot(run_dir, out)}")
 
 

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 PERSIST_FORMAT = 1
 HISTORY_STEPS = 1024  # sealed steps kept in memory for state_dict(step=...)
 PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
+MAX_REPORTS_IN_FLIGHT = 64  # per view
 
 
 def _sealed_to_json(s: lg.Sealed | None) -> dict | None:
@@ -378,7 +379,7 @@ class CoordinatorPlans:
 
     def __init__(self, handle: Any):
         self.handle = handle
-        self._last_report: Any = None
+        self._reports: deque[Any] = deque()  # in flight, oldest first
 
     @classmethod
     def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
@@ -395,17 +396,17 @@ class CoordinatorPlans:
 
     def report(self, rank: int, world_size: int, epoch: int, step: int,
                samples: Sequence[int], positions: Sequence[int]) -> None:
-        # Fire and forget, but surface the previous report's error (e.g. a stale world size).
-        previous = self._last_report
-        if previous is not None:
-            ready, _ = ray.wait([previous], timeout=0)
-            if ready:
-                ray.get(previous)
-        self._last_report = self.handle.report.remote(rank, world_size, epoch, step,
-                                                      list(samples), list(positions))
+        # Fire and forget, but surface every finished report's error (a stale world size, a
+        # ledger write that failed after its retry bound); with too many in flight (the
+        # store is down) wait for the oldest, so a stuck ledger stalls the run, boundedly.
+        while self._reports and (len(self._reports) >= MAX_REPORTS_IN_FLIGHT
+                                 or ray.wait([self._reports[0]], timeout=0)[0]):
+            ray.get(self._reports.popleft())
+        self._reports.append(self.handle.report.remote(rank, world_size, epoch, step,
+                                                       list(samples), list(positions)))
 
     def set_epoch(self, epoch: int) -> None:
         ray.get(self.handle.set_epoch.remote(epoch))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "_last_report": None}
+        return {"handle": self.handle, "_reports": deque()}
