@@ -56,9 +56,11 @@ class StorageUnavailable(OSError):
 class RetryPolicy:
     """How long remote storage calls keep retrying transient errors.
 
-    ``timeout_s`` bounds the total time of one call (default: the environment variable
-    ``LANCE_RAY_STORAGE_RETRY_TIMEOUT_S``, else 60 s); waits start at ``first_backoff_s``
-    and double up to ``max_backoff_s``.
+    No retry starts after ``timeout_s`` (default: the environment variable
+    ``LANCE_RAY_STORAGE_RETRY_TIMEOUT_S``, else 60 s); each attempt is itself bounded by the
+    connect and request timeouts, so a call returns or raises within about
+    ``timeout_s + REQUEST_TIMEOUT_S``. Waits start at ``first_backoff_s`` and double up to
+    ``max_backoff_s``.
     """
 
     timeout_s: float | None = None
@@ -127,7 +129,7 @@ def _remote_filesystem(kind: str, storage_options: StorageOptionsFactory | None,
     # ``env`` is part of the cache key only: a changed environment gets a new filesystem.
     opts = {k.lower(): v for k, v in (storage_options() if storage_options else {}).items()}
     if kind == "s3":
-        return _s3(opts)
+        return _s3(opts, own_retries=False)
     if kind == "gcs":
         return pafs.GcsFileSystem(**_pick(opts, {"google_endpoint": "endpoint_override"}))
     account = opts.get("azure_storage_account_name") or os.environ.get(
@@ -143,9 +145,10 @@ def _pick(opts: dict[str, str], names: dict[str, str]) -> dict[str, str]:
     return {ours: opts[theirs] for theirs, ours in names.items() if opts.get(theirs)}
 
 
-def _s3(opts: dict[str, str]) -> pafs.FileSystem:
+def _s3(opts: dict[str, str], *, own_retries: bool) -> pafs.FileSystem:
     """pyarrow S3 from Lance-style options, else the environment (the same variables that
-    Lance reads, so one setting serves tables and run storage)."""
+    Lance reads, so one setting serves tables and run storage). Without ``own_retries`` one
+    request is one attempt: :func:`with_retries` alone decides how long to keep trying."""
     kwargs: dict[str, Any] = _pick(opts, {"aws_access_key_id": "access_key",
                                           "aws_secret_access_key": "secret_key",
                                           "aws_session_token": "session_token"})
@@ -158,6 +161,8 @@ def _s3(opts: dict[str, str]) -> pafs.FileSystem:
               or os.environ.get("AWS_DEFAULT_REGION"))
     if region:
         kwargs["region"] = region
+    if not own_retries:
+        kwargs["retry_strategy"] = pafs.AwsStandardS3RetryStrategy(max_attempts=1)
     return pafs.S3FileSystem(connect_timeout=CONNECT_TIMEOUT_S,
                              request_timeout=REQUEST_TIMEOUT_S, **kwargs)
 
@@ -165,8 +170,9 @@ def _s3(opts: dict[str, str]) -> pafs.FileSystem:
 def s3_filesystem_from_env() -> pafs.FileSystem:
     """An S3 filesystem configured only from the environment, safe to pickle (it holds no
     keys: each process reads its own credentials), e.g. for ``RunConfig(storage_filesystem=)``
-    with an S3-compatible endpoint (``AWS_ENDPOINT_URL``)."""
-    return _s3({})
+    with an S3-compatible endpoint (``AWS_ENDPOINT_URL``). It keeps pyarrow's own request
+    retries (Ray Train has no retry loop around its uploads)."""
+    return _s3({}, own_retries=True)
 
 
 # ----------------------------------------------------------------------- retries

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import pytest
 import ray
 from conftest import write_table
 from lancedb import streaming as reference
+from local_s3 import Forwarder
 from test_coordinator import NUM_SPLITS, local_views, step_views, uninterrupted, wait_sealed
 
 import lance_ray
@@ -105,3 +107,37 @@ def test_an_unknown_scheme_for_the_ledger_is_refused_before_the_actor_starts(ray
                            world_size=2, num_splits=NUM_SPLITS, lease_version=False)
     with pytest.raises(ValueError):  # no actor was created under that name
         ray.get_actor("bad_scheme", namespace=DEFAULT_NAMESPACE)
+
+
+def ledger_through(port: int):
+    """Storage options that send the ledger through a door at ``port`` (credentials and
+    region still come from the environment)."""
+    def options() -> dict[str, str]:
+        return {"aws_endpoint": f"http://127.0.0.1:{port}"}
+    return options
+
+
+def test_a_ledger_write_that_outlasts_its_bound_fails_the_run_with_a_clear_error(
+        ray_session, table_1k, s3, s3_server):
+    door = Forwarder(s3_server.port)
+    kw = {"storage_path": f"{s3}/store", "world_size": 1, "num_splits": NUM_SPLITS,
+          "storage_options": ledger_through(door.port),
+          "storage_retry": storage.RetryPolicy(timeout_s=1.0)}
+    coord = Coordinator.create(table_1k, "bounded", **kw)
+    try:
+        (view,) = local_views(coord, 1)
+        step_views([view], 4)
+        wait_sealed(coord, 4)
+        door.down()
+        with pytest.raises(Exception, match=r"could not write s3://.*coordinator\.json"):
+            for _ in range(40):  # the error surfaces at a later report, never skipped
+                next(view)
+                time.sleep(0.5)
+        door.up()
+        coord.kill()
+        again = Coordinator.create(table_1k, "bounded", **kw)  # the store is back
+        sealed = again.status()["sealed_step"]
+        assert 4 <= sealed < 40  # the last persisted seal: intact, never ahead of the run
+        again.kill()
+    finally:
+        door.down()
