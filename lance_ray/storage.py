@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ DEFAULT_RETRY_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 20.0
 TORN_READ_ATTEMPTS = 3
+_MANGLED_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # two letters or more: not C:/
 _ENV_KEYS = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT", "AWS_REGION",
              "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_ACCOUNT_NAME")
 
@@ -105,7 +107,13 @@ def resolve(path: str | os.PathLike[str],
             ) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem that holds ``path`` and the path inside it."""
     if not is_uri(path):
-        return pafs.LocalFileSystem(), os.path.abspath(os.fspath(path))
+        local = os.fspath(path)
+        if _MANGLED_URI.match(local):
+            raise ValueError(
+                f"{local!r} looks like a URI that lost a slash (pathlib.Path('s3://b/x') "
+                "becomes 's3:/b/x'); pass the URI as a string, e.g. 's3://bucket/path'"
+            )
+        return pafs.LocalFileSystem(), os.path.abspath(local)
     text = str(path)
     scheme, rest = text.split("://", 1)
     scheme = scheme.lower()

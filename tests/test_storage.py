@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -31,6 +32,8 @@ def test_a_string_with_an_unknown_scheme_is_an_error_never_a_local_path(tmp_path
             lance_ray.load_state(bad)
     with pytest.raises(ValueError, match="names no bucket"):
         storage.resolve("s3:///x.json")
+    with pytest.raises(ValueError, match="lost a slash"):  # what pathlib makes of a URI
+        lance_ray.state.write_json_atomic(Path("s3://bucket/runs/x.json"), {"anything": 1})
     assert list(tmp_path.iterdir()) == []  # nothing like ./s4:/bucket was created
 
 
