@@ -60,6 +60,15 @@ def _wait_listening(port: int, timeout: float = 30.0, proc: subprocess.Popen | N
     raise RuntimeError(f"moto_server did not answer on {HOST}:{port} within {timeout:.0f}s")
 
 
+def _die_with_parent() -> None:
+    """Linux: the server gets SIGTERM when the thread that started it dies, even by SIGKILL
+    (no orphans; start it from a thread that lives as long as it should)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class LocalS3:
     """One moto server process, owned (and stopped) by whoever started it."""
@@ -75,7 +84,8 @@ class LocalS3:
         port = port or free_port()
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
         proc = subprocess.Popen([str(exe), "-H", HOST, "-p", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
         try:
             _wait_listening(port, proc=proc)
         except BaseException:
