@@ -15,7 +15,9 @@ goes away for ``--outage`` seconds:
 * ``frozen``: the server process is stopped (SIGSTOP) and continued (SIGCONT);
 * ``down>bound``: the outage outlasts the retry bound (``--bound`` seconds, for Lance reads
   and coordinator writes): the run must fail with a clear error within a bounded time; it
-  is then resumed from the coordinator's sealed step once the store is back.
+  is then resumed from the coordinator's sealed step once the store is back;
+* ``reads>bound``: the same with the ledger on local disk, so only the table's reads meet
+  the outage (Lance's own bounded retries, then the error through our reader).
 
 The table lists every trial: fault, step, outcome, duplicates, lost.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -37,7 +40,9 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_s3 import Forwarder, LocalS3, s3_env  # noqa: E402
 
-BUCKET, NUM_SPLITS, GLOBAL_BATCH, ROWS = "lance-ray-faults", 8, 32, 3200
+# Big enough that the readers' prefetch cannot hold the rest of the epoch when the store
+# goes away at --at-step: reads meet the outage, not only the ledger writes.
+BUCKET, NUM_SPLITS, GLOBAL_BATCH, ROWS = "lance-ray-faults", 8, 32, 24000
 logger = logging.getLogger("s3_faults")
 
 
@@ -50,6 +55,7 @@ class Row:
     duplicates: int | str = "-"
     lost: int | str = "-"
     wall_s: float = 0.0
+    stall_s: float = 0.0  # the longest single global step: how long the outage held the run
 
 
 class Outage:
@@ -58,12 +64,14 @@ class Outage:
     def __init__(self, kind: str, server: LocalS3, forwarder: Forwarder, seconds: float):
         self.kind, self.server, self.forwarder, self.seconds = kind, server, forwarder, seconds
         self._thread: threading.Thread | None = None
+        self.began = time.monotonic()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        self.began = time.monotonic()
         (self.server.freeze if self.kind == "frozen" else self.forwarder.down)()
         time.sleep(self.seconds)
         self.end()
@@ -87,13 +95,25 @@ def table_options(bound_s: float):
     return options
 
 
-def lockstep(views: list, steps: list[list[int]], outage: Outage | None, at_step: int) -> None:
-    """Step the ranks together, appending each global step's ids; start ``outage`` at
-    ``at_step``."""
+def short_error(e: BaseException) -> str:
+    """The gist of an error for the table: its type and first words."""
+    text = " ".join(str(e).split())
+    m = re.search(r"could not \w+ \S+ after \d+ attempts over \d+s", text)
+    if m:
+        return "StorageUnavailable: " + re.sub(r"s3://\S+/", ".../", m.group(0))
+    return f"{type(e).__name__}: {text[-110:]}"
+
+
+def lockstep(views: list, steps: list[list[int]], outage: Outage | None, at_step: int,
+             stalls: list[float]) -> None:
+    """Step the ranks together, appending each global step's ids (and its duration to
+    ``stalls``); start ``outage`` at ``at_step``."""
     while True:
         if outage is not None and len(steps) == at_step:
             outage.start()
+        began = time.monotonic()
         parts = [next(v, None) for v in views]
+        stalls.append(time.monotonic() - began)
         if all(p is None for p in parts):
             return
         steps.append([i for p in parts if p is not None for i in p["id"].tolist()])
@@ -106,18 +126,20 @@ def run_trial(kind: str, reader: str, at_step: int, args, server: LocalS3,
     from lance_ray.storage import RetryPolicy
     from lance_ray.verify import compare_steps, coverage
 
-    bounded = kind == "down>bound"
+    bounded = kind.endswith(">bound")
     outage_s = args.bound * 4 if bounded else args.outage
     outage = Outage("down" if bounded else kind, server, forwarder, outage_s)
+    store = (tempfile.mkdtemp(prefix="ledger-") if kind == "reads>bound"
+             else f"s3://{BUCKET}/store")
     # The bound (Lance's read retries, ledger write retries) is below the outage only in
     # the down>bound trials; otherwise the defaults (3 min for Lance, 60 s for the ledger).
     retry = RetryPolicy(timeout_s=args.bound) if bounded else None
     options = table_options(args.bound) if bounded else None
     name = f"t{n}-{kind.replace('>', '-')}-{reader}"
-    ledger = f"s3://{BUCKET}/store/{name}/coordinator.json"
+    ledger = storage.join(store, name, "coordinator.json")
 
     def coordinator() -> Coordinator:
-        return Coordinator.create(uri, name, storage_path=f"s3://{BUCKET}/store",
+        return Coordinator.create(uri, name, storage_path=store,
                                   world_size=2, num_splits=NUM_SPLITS, lease_version=False,
                                   storage_options=options, storage_retry=retry)
 
@@ -132,20 +154,20 @@ def run_trial(kind: str, reader: str, at_step: int, args, server: LocalS3,
     started = time.monotonic()
     coord = coordinator()
     steps: list[list[int]] = []
+    stalls: list[float] = []
     outcome = "continued"
     try:
-        lockstep(views(coord), steps, outage, at_step)
+        lockstep(views(coord), steps, outage, at_step, stalls)
     except Exception as e:
-        failed_after = time.monotonic() - started
-        first = str(e).strip().splitlines()[-1][:90]
-        outcome = f"failed in {failed_after:.0f}s ({type(e).__name__}: {first})"
+        outcome = (f"failed {time.monotonic() - outage.began:.0f}s into the outage: "
+                   f"{short_error(e)}")
         logger.info("trial %s failed as expected? %s", name, e)
         outage.wait()  # the store is back; a new job resumes from the sealed step
         coord.kill()
         coord = coordinator()
         sealed = coord.status()["sealed_step"]
         steps = steps[:sealed]
-        lockstep(views(coord), steps, None, -1)
+        lockstep(views(coord), steps, None, -1, stalls)
         outcome += f"; resumed at step {sealed}"
     for it in opened:  # while Ray is up: a failed Ray Data iterator shuts down its executor
         it.close()
@@ -163,17 +185,17 @@ def run_trial(kind: str, reader: str, at_step: int, args, server: LocalS3,
     ok = (report.exactly_once and report.steps_identical and report.after == report.planned
           and persisted == len(steps))
     return Row(kind, reader, at_step, outcome + ("" if ok else " NOT EXACTLY ONCE"),
-               report.duplicates, report.lost, time.monotonic() - started)
+               report.duplicates, report.lost, time.monotonic() - started, max(stalls))
 
 
 def train_trial(args, server: LocalS3, forwarder: Forwarder, real_port: int, n: int) -> Row:
     """A TorchTrainer run (jobs/train.py) on S3 with the endpoint down mid-epoch."""
     import pyarrow.fs as pafs
+    import ray.cloudpickle
     import train as train_job
     import verify as verify_job
 
-    from lance_ray import storage
-
+    ray.cloudpickle.register_pickle_by_value(train_job)  # workers cannot import jobs/
     name, at_step = f"t{n}-train", 8
     run_dir = f"s3://{BUCKET}/runs/{name}"
     direct = pafs.S3FileSystem(endpoint_override=f"http://127.0.0.1:{real_port}",
@@ -199,23 +221,22 @@ def train_trial(args, server: LocalS3, forwarder: Forwarder, real_port: int, n: 
         metrics = train_job.main(argv)
         outcome = f"continued to step {metrics.get('global_step')}"
     except Exception as e:
-        outcome = f"failed ({type(e).__name__}: {str(e).splitlines()[-1][:80]})"
+        outcome = f"failed: {short_error(e)}"
     outage.wait()
     report, attempts = verify_job.verify_run(run_dir)
     logger.info("train trial attempts: %s", attempts)
     outcome += f", {len(attempts)} attempt(s)"
-    storage.exists(run_dir + "/run.json")
     ok = report.exactly_once and report.steps_identical and report.after == report.planned
     return Row("down (TorchTrainer)", "ray", at_step, outcome + ("" if ok else " NOT EXACTLY ONCE"),
                report.duplicates, report.lost, time.monotonic() - started)
 
 
 def print_table(rows: list[Row]) -> None:
-    print(f"\n{'fault':<20} {'reader':<6} {'step':>4}  {'dupes':>5} {'lost':>4} {'wall s':>6}  "
-          "outcome")
+    print(f"\n{'fault':<20} {'reader':<6} {'step':>4}  {'dupes':>5} {'lost':>4} {'stall s':>7} "
+          f"{'wall s':>6}  outcome")
     for r in rows:
         print(f"{r.fault:<20} {r.reader:<6} {r.step:>4}  {r.duplicates!s:>5} {r.lost!s:>4} "
-              f"{r.wall_s:>6.0f}  {r.outcome}")
+              f"{r.stall_s:>7.1f} {r.wall_s:>6.0f}  {r.outcome}")
 
 
 def main() -> None:
@@ -225,7 +246,7 @@ def main() -> None:
                    help="retry bound (s) for reads and ledger writes in the down>bound trials")
     p.add_argument("--at-step", type=int, default=30)
     p.add_argument("--readers", default="local,ray")
-    p.add_argument("--faults", default="down,frozen,down>bound")
+    p.add_argument("--faults", default="down,frozen,down>bound,reads>bound")
     p.add_argument("--train", action="store_true", help="also a TorchTrainer trial")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -248,7 +269,7 @@ def main() -> None:
         uri = f"s3://{BUCKET}/db/demo.lance"
         ds = lance_ray.StreamingDataset(uri, num_splits=NUM_SPLITS, reader="local")
         full = [b["id"].tolist() for b in ds.iter_batches(GLOBAL_BATCH)]
-        for kind in args.faults.split(","):
+        for kind in [k for k in args.faults.split(",") if k]:
             for reader in args.readers.split(","):
                 rows.append(run_trial(kind, reader, args.at_step, args, server, forwarder, uri,
                                       full, len(rows)))
