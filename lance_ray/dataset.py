@@ -93,6 +93,10 @@ class StreamingDataset(IterableDataset):
         table_version: pin this table version (default: the table's current version).
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
+        connection_factory: for a remote LanceDB table (``db://``), a picklable
+            ``f(table_name) -> table`` that reopens it in Ray read tasks and DataLoader
+            workers (the reference's argument); without it a remote table is read only in
+            this process. Never needed for local or object-store tables.
         ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
     """
 
@@ -118,6 +122,7 @@ class StreamingDataset(IterableDataset):
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
+        connection_factory: Callable[[str], Any] | None = None,
     ) -> None:
         super().__init__()
         positive_int("world_size", world_size)
@@ -127,7 +132,8 @@ class StreamingDataset(IterableDataset):
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
                                        filter=filter)
-        table_ref = resolve_table(table, version=table_version, storage_options=storage_options)
+        table_ref = resolve_table(table, version=table_version, storage_options=storage_options,
+                                  connection_factory=connection_factory)
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
                         shuffle_clump_size, filter)
