@@ -49,11 +49,13 @@ def is_remote_table(table: Any) -> bool:
 class RemoteTableRef(TableRef):
     """One version of a table behind a LanceDB server, and how to reopen it elsewhere.
 
-    ``uri`` is ``db://<database>/<table>``, for messages only. ``local`` is a handle pinned to
-    ``version`` in the process that resolved the table; it is never pickled.
+    ``uri`` is ``db://<database>/<table>``, for messages only. ``branch`` is the table's
+    branch (None: main). ``local`` is a handle pinned to ``version`` in the process that
+    resolved the table; it is never pickled.
     """
 
     name: str = ""
+    branch: str | None = None
     connection_factory: ConnectionFactory | None = None
     local: Any = field(default=None, compare=False, repr=False)
 
@@ -84,11 +86,12 @@ class RemoteTableRef(TableRef):
             return self.local
         assert self.connection_factory is not None  # unpicklable otherwise
         try:
-            return _open_pinned(self.connection_factory, self.name, self.version)
+            return _open_pinned(self.connection_factory, self.name, self.branch, self.version)
         except TypeError as e:
             if "unhashable" not in str(e):
                 raise
-            return _pin(self.connection_factory(self.name), self.name, self.version)
+            return _pin(self.connection_factory(self.name), self.name, self.branch,
+                        self.version)
 
     def row_count(self, filter: str | None) -> int:
         return int(self.open_lancedb().count_rows(filter))
@@ -153,32 +156,44 @@ def resolve_remote(table: Any, version: int | None,
             "connection_factory must be a function (table name) -> LanceDB table, got "
             f"{type(connection_factory).__name__}"
         )
-    name = table.name
-    current = int(table.version)
-    pinned_version = current if version is None else version
+    name, branch = table.name, table.current_branch()
+    pinned_version = int(table.version) if version is None else version
     if connection_factory is not None:
-        local = _pin(connection_factory(name), name, pinned_version)
+        local = _pin(connection_factory(name), name, branch, pinned_version)
     else:
-        # An in-memory copy (the client's own reopen path), so that checking out the pinned
-        # version leaves the caller's table as it was.
-        local = _pin(copy.copy(table), name, pinned_version)
-    ref = RemoteTableRef(f"db://{table.db_name}/{name}", pinned_version, None, name,
+        try:
+            # An in-memory copy (the client's own reopen path), so that checking out the
+            # pinned version leaves the caller's table as it was.
+            own = copy.copy(table)
+        except RuntimeError as e:  # a handle without reopen state
+            raise ValueError(
+                f"cannot reopen the remote table {name!r} ({e}): pass connection_factory="
+                "<function (table name) -> table>"
+            ) from e
+        local = _pin(own, name, branch, pinned_version)
+    ref = RemoteTableRef(f"db://{table.db_name}/{name}", pinned_version, None, name, branch,
                          connection_factory, local)
     logger.info("reading remote table %s at version %d", ref.uri, pinned_version)
     return ref
 
 
 @functools.lru_cache(maxsize=8)
-def _open_pinned(factory: ConnectionFactory, name: str, version: int) -> Any:
-    return _pin(factory(name), name, version)
+def _open_pinned(factory: ConnectionFactory, name: str, branch: str | None, version: int
+                 ) -> Any:
+    return _pin(factory(name), name, branch, version)
 
 
-def _pin(table: Any, name: str, version: int) -> Any:
+def _pin(table: Any, name: str, branch: str | None, version: int) -> Any:
     """``table`` checked out at ``version``: every request then names that version."""
     if not is_remote_table(table) or table.name != name:
         raise ValueError(
             f"connection_factory({name!r}) must return the remote LanceDB table {name!r}, got "
             f"{table!r}"
+        )
+    if table.current_branch() != branch:
+        raise ValueError(
+            f"connection_factory({name!r}) opened branch {table.current_branch()!r} of "
+            f"{name!r}, but the run reads branch {branch!r}: open the same branch"
         )
     try:
         table.checkout(version)

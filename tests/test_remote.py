@@ -139,6 +139,8 @@ def test_plan_is_one_row_id_scan_and_takes_are_bounded_and_pinned(server, table,
                                     reader="local", read_batch_size=400)
     queries = server.of("query")
     assert [q.body.get("columns") for q in queries] == [["_rowid"]]  # building the plan
+    reads = server.of("query") + server.of("count_rows")
+    assert {r.body.get("version") for r in reads} == {ds.table_version}
     server.clear()
     got = ids(ds)
     assert sorted(got) == list(range(ROWS))
@@ -150,8 +152,7 @@ def test_plan_is_one_row_id_scan_and_takes_are_bounded_and_pinned(server, table,
     assert all(q.body["columns"] == ["id", "v"] for q in takes)
     assert max(len(r) for r in row_lists) <= 50
     assert sorted(i for r in row_lists for i in r) == sorted(ds.plan.row_ids.ravel().tolist())
-    assert {r.body.get("version") for r in server.requests
-            if r.op != "get_lsm_write_spec"} == {ds.table_version}
+    assert {r.body.get("version") for r in server.requests} == {ds.table_version}
 
 
 # ----------------------------------------------------------------------- versions
@@ -181,6 +182,12 @@ def test_reads_stay_on_the_pinned_version_while_the_table_changes(server):
 def test_a_version_the_server_does_not_hold_is_a_clear_error(table):
     with pytest.raises(ValueError, match="cannot open version 99 of the remote table 't'"):
         lance_ray.StreamingDataset(table, reader="local", table_version=99)
+
+
+def test_a_factory_that_opens_another_table_is_refused(server, table):
+    with pytest.raises(ValueError, match=r"connection_factory\('t'\) must return the remote"):
+        lance_ray.StreamingDataset(table, reader="local",
+                                   connection_factory=lambda name: connect(server, "moving"))
 
 
 # ----------------------------------------------------------------------- resume
