@@ -246,3 +246,35 @@ def test_coordinator_and_leases_refuse_a_remote_table_by_name(table):
     ref = lance_ray.table.resolve_table(table)
     with pytest.raises(ValueError, match="remote LanceDB table.*coordinator"):
         lance_ray.table.take_lease(ref, "run")
+
+
+def test_loader_workers_reopen_the_remote_table_and_match_the_reference(server, table):
+    """DataLoader workers (a fork server) reopen the table with the factory; the batches
+    are the reference's sequence and a checkpoint after 3 batches resumes the rest."""
+    kw = {"num_splits": 4, "world_size": 2, "rank": 0, "shuffle_seed": 4}
+    expected = ids(reference.StreamingDataset(table, **kw))
+
+    def dataset() -> lance_ray.StreamingDataset:
+        return lance_ray.StreamingDataset(table, reader="local", read_batch_size=50,
+                                          connection_factory=Connector(server.url, api_key=KEY),
+                                          **kw)
+
+    ds = dataset()
+    loader = lance_ray.StreamingDataLoader(ds, 20, num_workers=2, timeout=60)
+    it = iter(loader)
+    head = [i for b in itertools.islice(it, 3) for i in b["id"].tolist()]
+    state = json.loads(json.dumps(ds.state_dict()))
+    it.close()
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    rest = [i for b in lance_ray.StreamingDataLoader(resumed, 20, num_workers=2, timeout=60)
+            for i in b["id"].tolist()]
+    assert head + rest == expected
+
+
+def test_loader_workers_without_connection_factory_name_the_fix(table):
+    ds = lance_ray.StreamingDataset(table, num_splits=2, reader="local")
+    loader = lance_ray.StreamingDataLoader(ds, 10, num_workers=2, timeout=60)
+    with pytest.raises(TypeError, match="without connection_factory"):
+        next(iter(loader))
+    assert ds.state_dict()["lance_ray"]["global_step"] == 0
