@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -73,6 +74,8 @@ class LanceHttpServer:
     tables: dict[str, str]
     api_key: str = "test-key"
     requests: list[Request] = field(default_factory=list)
+    # Applied to the answer of every row-id query: a real server answers in its own order.
+    reshape_takes: Callable[[pa.Table], pa.Table] | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -123,7 +126,10 @@ class LanceHttpServer:
         if op == "get_lsm_write_spec":
             return _json({"lsm_write_spec": None})
         if op == "query":
-            return ARROW_FILE, _arrow_file(_query(ds, body))
+            answer = _query(ds, body)
+            if self.reshape_takes is not None and "_rowid" in (body.get("filter") or ""):
+                answer = self.reshape_takes(answer)
+            return ARROW_FILE, _arrow_file(answer)
         raise NotImplementedError(f"the test server does not serve operation {op!r}")
 
 

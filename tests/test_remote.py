@@ -155,6 +155,31 @@ def test_plan_is_one_row_id_scan_and_takes_are_bounded_and_pinned(server, table,
     assert {r.body.get("version") for r in server.requests} == {ds.table_version}
 
 
+def reversed_rows(answer: pa.Table) -> pa.Table:
+    return answer.take(pa.array(range(answer.num_rows - 1, -1, -1)))
+
+
+def test_rows_answered_in_any_order_are_put_back_in_plan_order(server, table, monkeypatch):
+    monkeypatch.setattr(remote, "TAKE_ROWS_PER_REQUEST", 64)
+    kw = {"num_splits": 3, "shuffle_seed": 8, "shuffle_clump_size": 5}
+    expected = ids(reference.StreamingDataset(table, **kw))
+    monkeypatch.setattr(server, "reshape_takes", reversed_rows)
+    assert ids(lance_ray.StreamingDataset(table, reader="local", **kw)) == expected
+
+
+@pytest.mark.parametrize("reshape", [
+    pytest.param(lambda t: t.slice(1), id="a-row-missing"),
+    pytest.param(lambda t: pa.concat_tables([t, t.slice(0, 1)]), id="a-row-twice"),
+])
+def test_a_take_answer_that_is_not_the_planned_rows_is_an_error(server, table, monkeypatch,
+                                                                reshape):
+    ds = lance_ray.StreamingDataset(table, num_splits=2, reader="local")
+    monkeypatch.setattr(server, "reshape_takes", reshape)
+    with pytest.raises(RuntimeError, match="no longer holds the planned rows"):
+        next(iter(ds))
+    assert ds.state_dict()["samples_consumed_per_split"] == [0, 0]
+
+
 # ----------------------------------------------------------------------- versions
 
 
