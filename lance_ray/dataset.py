@@ -93,10 +93,8 @@ class StreamingDataset(IterableDataset):
         table_version: pin this table version (default: the table's current version).
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
-        connection_factory: for a remote LanceDB table (``db://``), a picklable
-            ``f(table_name) -> table`` that reopens it in Ray read tasks and DataLoader
-            workers (the reference's argument); without it a remote table is read only in
-            this process. Never needed for local or object-store tables.
+        connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
+            (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
         ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
     """
 

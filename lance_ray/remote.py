@@ -84,14 +84,13 @@ class RemoteTableRef(TableRef):
         """The table pinned to ``version`` (cached per process)."""
         if self.local is not None:
             return self.local
-        assert self.connection_factory is not None  # unpicklable otherwise
+        factory = self.connection_factory
+        assert factory is not None  # a ref without local handle was unpickled: has one
         try:
-            return _open_pinned(self.connection_factory, self.name, self.branch, self.version)
-        except TypeError as e:
-            if "unhashable" not in str(e):
-                raise
-            return _pin(self.connection_factory(self.name), self.name, self.branch,
-                        self.version)
+            hash(factory)
+        except TypeError:  # cannot be a cache key: reopen for every use
+            return _pin(factory(self.name), self.name, self.branch, self.version)
+        return _open_pinned(factory, self.name, self.branch, self.version)
 
     def row_count(self, filter: str | None) -> int:
         return int(self.open_lancedb().count_rows(filter))

@@ -267,10 +267,15 @@ def test_storage_options_on_a_remote_table_are_refused(table):
         lance_ray.StreamingDataset(table, reader="local", storage_options=lambda: {})
 
 
-def test_coordinator_and_leases_refuse_a_remote_table_by_name(table):
+def test_coordinator_and_leases_refuse_a_remote_table_by_name(table, tmp_path):
+    from lance_ray.coordinator import Coordinator
+
     ref = lance_ray.table.resolve_table(table)
     with pytest.raises(ValueError, match="remote LanceDB table.*coordinator"):
         lance_ray.table.take_lease(ref, "run")
+    with pytest.raises(ValueError, match="coordinator needs a Lance dataset"):
+        Coordinator.create(table, "run", storage_path=str(tmp_path), world_size=1,
+                           lease_version=False)
 
 
 def test_loader_workers_reopen_the_remote_table_and_match_the_reference(server, table):
