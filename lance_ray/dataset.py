@@ -132,6 +132,8 @@ class StreamingDataset(IterableDataset):
                                        filter=filter)
         table_ref = resolve_table(table, version=table_version, storage_options=storage_options,
                                   connection_factory=connection_factory)
+        if reader == "ray":
+            table_ref.check_shippable()  # now, not in the first read task
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
                         shuffle_clump_size, filter)

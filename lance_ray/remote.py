@@ -63,6 +63,10 @@ class RemoteTableRef(TableRef):
         return f"RemoteTableRef(uri={self.uri!r}, version={self.version})"
 
     def __getstate__(self) -> dict[str, Any]:
+        self.check_shippable()
+        return {**self.__dict__, "local": None}
+
+    def check_shippable(self) -> None:
         if self.connection_factory is None:
             raise TypeError(
                 f"{self!r} cannot be sent to another process (a Ray task or a DataLoader "
@@ -71,7 +75,6 @@ class RemoteTableRef(TableRef):
                 "table> that reads the key where it runs, e.g. from the environment, or "
                 "read in this process (reader='local', num_workers=0)"
             )
-        return {**self.__dict__, "local": None}
 
     def open_lance(self) -> Any:
         raise ValueError(

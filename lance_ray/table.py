@@ -54,6 +54,9 @@ class TableRef:
             table.checkout(self.version)
         return table
 
+    def check_shippable(self) -> None:
+        """Raise unless this reference can be sent to other processes (Ray tasks)."""
+
     def row_count(self, filter: str | None) -> int:
         """Rows of the pinned version that match ``filter`` (all rows for None)."""
         return int(self.open_lance().count_rows(filter=filter))

@@ -263,8 +263,8 @@ def test_api_key_never_reaches_a_state_repr_log_or_unasked_pickle(server, table,
     assert reopened.take_rows(shipped.plan.row_ids[0, :3], ["id"]).num_rows == 3
 
 
-def test_ray_reader_without_connection_factory_names_the_fix(ray_session, table):
-    with pytest.raises(TypeError, match="connection_factory"):
+def test_ray_reader_without_connection_factory_names_the_fix(table):
+    with pytest.raises(TypeError, match="without connection_factory"):
         lance_ray.StreamingDataset(table, num_splits=2, reader="ray")
 
 
