@@ -25,7 +25,7 @@ demo: venv
 	$(PY) jobs/demo.py
 
 bench: venv
-	$(PY) jobs/bench.py
+	$(PY) -m jobs.bench
 
 clean:
 	rm -rf $(VENV) runs

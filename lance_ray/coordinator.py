@@ -24,6 +24,7 @@ from . import state as st
 from . import storage
 from .plan import PlanSpec, SplitPlan, build_plan, check_plan_args, splits_per_rank
 from .plan_source import DEFAULT_NAMESPACE
+from .remote import is_remote_table
 from .table import (
     StorageOptionsFactory,
     TableRef,
@@ -298,6 +299,12 @@ class Coordinator:
         version is tagged so that version cleanup cannot remove it while the run needs it;
         :meth:`release_version` drops the tag when the run is over.
         """
+        if is_remote_table(table):
+            raise ValueError(
+                "the coordinator needs a Lance dataset (a local or object-store table), not a "
+                "remote LanceDB table: read it with StreamingDataset(table, "
+                "connection_factory=...) on every rank instead"
+            )
         if not detached and ray.get_runtime_context().get_actor_id() is not None:
             raise RuntimeError(
                 "create the coordinator in the job driver (or with detached=True), not inside "

@@ -93,6 +93,8 @@ class StreamingDataset(IterableDataset):
         table_version: pin this table version (default: the table's current version).
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
+        connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
+            (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
         ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
     """
 
@@ -118,6 +120,7 @@ class StreamingDataset(IterableDataset):
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
+        connection_factory: Callable[[str], Any] | None = None,
     ) -> None:
         super().__init__()
         positive_int("world_size", world_size)
@@ -127,7 +130,10 @@ class StreamingDataset(IterableDataset):
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
                                        filter=filter)
-        table_ref = resolve_table(table, version=table_version, storage_options=storage_options)
+        table_ref = resolve_table(table, version=table_version, storage_options=storage_options,
+                                  connection_factory=connection_factory)
+        if reader == "ray":
+            table_ref.check_shippable()  # now, not in the first read task
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
                         shuffle_clump_size, filter)

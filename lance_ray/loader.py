@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -11,6 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .dataset import StreamingDataset, collate
 from .order import RankStream
 from .read import FIRST_READ_ROWS
+from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
 
 
 class _Delivered(NamedTuple):
@@ -25,7 +25,7 @@ def _identity(x: Any) -> Any:
     return x
 
 
-class _BatchSource(IterableDataset):
+class _BatchSource(TravelsByValue, IterableDataset):
     """What each DataLoader worker iterates: its share of the rank's batches, collated.
 
     Batches travel in groups of ``group`` consecutive batches (one message each: torch's
@@ -96,16 +96,35 @@ class StreamingDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the split plan decides the order")
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False is not supported: batches must arrive in order")
-        if num_workers > 0 and "multiprocessing_context" not in kwargs:
-            # Lance is not fork-safe (forked workers were seen to panic in its decoder, and
-            # to hang once Ray's threads run in the parent), so workers come from a fork
-            # server that has already imported the heavy modules: safe and fast to start.
-            kwargs["multiprocessing_context"] = _worker_context()
         self._source = _BatchSource(dataset, batch_size, collate_fn)
+        if num_workers > 0:
+            self._choose_workers(kwargs)
         self._streaming_dataset = dataset
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
+
+    def _choose_workers(self, kwargs: dict[str, Any]) -> None:
+        # Lance is not fork-safe (forked workers were seen to panic in its decoder, and to
+        # hang once Ray's threads run in the parent), so workers come from a fork server
+        # that has already imported the heavy modules: safe and fast to start.
+        line = unguarded_main_line()
+        if "multiprocessing_context" not in kwargs:
+            kwargs["multiprocessing_context"] = worker_context(script_free=line is not None)
+        elif line is not None:
+            raise RuntimeError(
+                f"StreamingDataLoader workers started from line {line} of the main script, "
+                "outside an `if __name__ == \"__main__\":` guard, with multiprocessing_context="
+                f"{kwargs['multiprocessing_context']!r}: every worker would run the script "
+                "again. Put the script's work under that guard, or leave "
+                "multiprocessing_context unset (lance_ray's default workers skip the script)"
+            )
+        if line is not None:
+            # Workers skip the script: what it defined (transforms, collate_fn, worker_init_fn)
+            # travels by value.
+            self._source.by_value = True
+            if kwargs.get("worker_init_fn") is not None:
+                kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
 
     @property
     def streaming_dataset(self) -> StreamingDataset:
@@ -155,8 +174,3 @@ class StreamingDataLoader(DataLoader):
         """Load ``state`` into the dataset; the next iteration resumes from it."""
         self._streaming_dataset.load_state_dict(state)
 
-
-def _worker_context() -> Any:
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "pyarrow", "lance", "lance_ray.dataset"])
-    return ctx

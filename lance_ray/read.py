@@ -72,7 +72,7 @@ def take_sorted(
     ids = np.asarray(row_ids, dtype=np.uint64)
     order = None if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
     wanted = ids if order is None else ids[order]
-    got = table.open_lance()._take_rows(wanted.tolist(), columns=columns)
+    got = table.take_rows(wanted, columns)
     if got.num_rows != len(ids):
         raise RuntimeError(
             f"Lance returned {got.num_rows} rows for {len(ids)} planned row ids at version "

@@ -2,7 +2,7 @@
 
 Storage credentials never travel inside a ``TableRef``: pass ``storage_options`` as a
 zero-argument factory (for example one that reads the environment), which is called where
-the table is opened.
+the table is opened. Remote LanceDB tables (``db://``) resolve to ``remote.RemoteTableRef``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,12 @@ import functools
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
 
 from .storage import StorageOptionsFactory
 
@@ -51,6 +55,20 @@ class TableRef:
             table.checkout(self.version)
         return table
 
+    def check_shippable(self) -> None:
+        """Raise unless this reference can be sent to other processes (Ray tasks)."""
+
+    def row_count(self, filter: str | None) -> int:
+        """Rows of the pinned version that match ``filter`` (all rows for None)."""
+        return int(self.open_lance().count_rows(filter=filter))
+
+    def column_names(self) -> list[str]:
+        return list(self.open_lance().schema.names)
+
+    def take_rows(self, row_ids: np.ndarray, columns: list[str] | None) -> pa.Table:
+        """Rows ``row_ids`` at the pinned version, in the given order."""
+        return self.open_lance()._take_rows(row_ids.tolist(), columns=columns)
+
 
 @functools.lru_cache(maxsize=8)
 def _open_lance(uri: str, version: int, storage_options: StorageOptionsFactory | None) -> Any:
@@ -79,11 +97,30 @@ def resolve_table(
     *,
     version: int | None = None,
     storage_options: StorageOptionsFactory | None = None,
+    connection_factory: Callable[[str], Any] | None = None,
 ) -> TableRef:
     """A ``TableRef`` for a LanceDB ``Table``, a ``lance.LanceDataset`` or a dataset URI.
 
-    ``version=None`` pins the table's current version.
+    ``version=None`` pins the table's current version. ``connection_factory`` (table name
+    -> table) reopens a remote table in other processes; local tables are reopened from
+    their URI and do not need it.
     """
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)
+                                or version < 1):
+        raise ValueError(f"table_version must be a positive integer, got {version!r}")
+    from .remote import is_remote_table, resolve_remote
+
+    if is_remote_table(table):
+        if storage_options is not None:
+            raise ValueError(
+                "storage_options configure Lance storage; a remote LanceDB table is read "
+                "through its server: drop storage_options (reopen it in other processes "
+                "with connection_factory)"
+            )
+        return resolve_remote(table, version, connection_factory)
+    if connection_factory is not None:
+        logger.info("connection_factory is used for remote tables only; %s is reopened "
+                    "from its URI", type(table).__name__)
     if storage_options is not None and not callable(storage_options):
         raise TypeError(
             "storage_options must be a zero-argument callable returning a dict (so that "
@@ -112,8 +149,6 @@ def resolve_table(
         )
     if version is None:
         version = int(current)
-    elif not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ValueError(f"table_version must be a positive integer, got {version!r}")
     ref = TableRef(str(uri), int(version), storage_options)
     # Fail here, naming the version, if it no longer exists (the per-process cache of open
     # datasets could still hold it after a cleanup).
@@ -124,7 +159,7 @@ def resolve_table(
 def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:
     """Rows left after ``filter``; raises if there are fewer than ``num_splits``."""
     try:
-        rows = int(table.open_lance().count_rows(filter=filter))
+        rows = table.row_count(filter)
     except Exception as e:
         raise ValueError(
             f"filter {filter!r} is not a valid SQL predicate for this table: {e}"
@@ -145,7 +180,7 @@ def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | Non
         raise TypeError(f"columns must be a list of column names, got {columns!r}")
     if not columns:
         raise ValueError("columns must name at least one column (or be None for all columns)")
-    names = table.open_lance().schema.names
+    names = table.column_names()
     unknown = [c for c in columns if c not in names]
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; the table has columns {names}")

@@ -1,0 +1,1 @@
+"""Ray job entrypoints and scripts (run them as files, or ``python -m jobs.bench``)."""

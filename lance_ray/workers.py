@@ -1,0 +1,121 @@
+"""How DataLoader worker processes start: a preloaded fork server, also under unguarded scripts.
+
+Lance is not fork-safe, so workers come from a fork server. A fork server (like spawn)
+normally re-runs the user's ``__main__`` script in every worker so that objects defined
+there can be unpickled; a script whose loop is not under ``if __name__ == "__main__":``
+then starts its whole training again inside each worker, and torch reports only "worker
+exited unexpectedly". PyTorch users on Linux never needed that guard (fork copies the
+parent), so for such scripts the workers skip the script and what they need travels by
+value (cloudpickle) instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing
+import pickle
+import sys
+import types
+from collections.abc import Callable
+from multiprocessing.context import ForkServerContext, ForkServerProcess
+from pathlib import Path
+from typing import Any
+
+PRELOAD = ["torch", "pyarrow", "lance", "lance_ray.dataset"]
+
+
+def unguarded_main_line() -> int | None:
+    """The line of the running ``__main__`` script that called us, if it is not under an
+    ``if __name__ == "__main__":`` guard; None when guarded or when there is no script."""
+    frame: types.FrameType | None = sys._getframe(1)
+    outer = None
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            outer = frame
+        frame = frame.f_back
+    if outer is None:
+        return None
+    try:
+        tree = ast.parse(Path(outer.f_code.co_filename).read_text())
+    except (OSError, SyntaxError, ValueError):  # "<stdin>", "<string>", a notebook cell
+        return None
+    line = outer.f_lineno
+    for node in tree.body:
+        if (isinstance(node, ast.If) and _is_main_guard(node.test)
+                and node.lineno <= line <= (node.end_lineno or node.lineno)):
+            return None
+    return line
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = {_name_or_constant(test.left), _name_or_constant(test.comparators[0])}
+    return sides == {"name:__name__", "const:__main__"}
+
+
+def _name_or_constant(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return f"name:{node.id}"
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return f"const:{node.value}"
+    return ""
+
+
+class _ScriptFreeProcess(ForkServerProcess):
+    """A fork-server process that does not re-run the parent's ``__main__`` script."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        # The start-up data names the main script only when ``sys.modules["__main__"]`` has a
+        # file or a module spec; hide both while this one process is launched.
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            return ForkServerProcess._Popen(process_obj)
+        finally:
+            sys.modules["__main__"] = main
+
+
+class _ScriptFreeContext(ForkServerContext):
+    Process = _ScriptFreeProcess  # type: ignore[assignment]
+
+
+def worker_context(*, script_free: bool) -> Any:
+    """The multiprocessing context for DataLoader workers (fork server, heavy modules
+    preloaded); ``script_free`` workers skip the ``__main__`` script."""
+    ctx = _ScriptFreeContext() if script_free else multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+class TravelsByValue:
+    """Mixin: while ``by_value`` is set, the object pickles by value (cloudpickle), so the
+    functions and classes of ``__main__`` it holds reach workers that skip the script."""
+
+    by_value = False
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        if not self.by_value:
+            return super().__reduce_ex__(protocol)
+        from ray import cloudpickle
+
+        self.by_value = False  # pickled in the thread that starts the workers
+        try:
+            data = cloudpickle.dumps(self)
+        finally:
+            self.by_value = True
+        return pickle.loads, (data,)
+
+
+class CallByValue(TravelsByValue):
+    """A callable (e.g. a user's ``worker_init_fn``) that travels by value."""
+
+    by_value = True
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
