@@ -68,11 +68,19 @@ class Progress:
     world_size: int | None = None  # None: unknown (reference-format state)
     rank: int | None = None  # None: a merged state that covers every split
     global_step: int | None = None
+    # A rank's own state whose other splits were derived from its progress, valid when every
+    # process of its layout delivered as many samples since a complete starting point.
+    lockstep: bool = False
 
     @property
     def is_complete(self) -> bool:
         """True when every split's entry is exact (merged, or a 1-rank state)."""
         return self.rank is None or self.world_size == 1
+
+    @property
+    def loadable_anywhere(self) -> bool:
+        """True when any rank of any valid world size may resume from this state alone."""
+        return self.is_complete or self.lockstep
 
 
 def make_state(
@@ -83,8 +91,10 @@ def make_state(
     world_size: int,
     rank: int | None,
     global_step: int | None,
+    lockstep: bool = False,
 ) -> dict[str, Any]:
-    """Build a state dict. ``rank=None`` marks a merged state covering every split."""
+    """Build a state dict. ``rank=None`` marks a merged state covering every split;
+    ``lockstep`` a rank's state whose other splits follow from its own progress."""
     extra = {
         "format_version": FORMAT_VERSION,
         "table_version": identity.table_version,
@@ -100,6 +110,8 @@ def make_state(
         ),
         "global_step": global_step,
     }
+    if lockstep:  # only when set, so lockstep-free states stay exactly format version 1
+        extra["lockstep"] = True
     return {
         "shuffle_seed": identity.shuffle_seed,
         "num_splits": identity.num_splits,
@@ -211,7 +223,10 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
         raise ValueError(f"checkpoint rank {rank!r} is not in [0, {world_size})")
     if step is not None and (not _is_int(step) or step < 0):
         raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
-    return Progress(samples, positions, world_size, rank, step)
+    lockstep = extra.get("lockstep", False)
+    if not isinstance(lockstep, bool):
+        raise ValueError(f"checkpoint lockstep {lockstep!r} must be true or false")
+    return Progress(samples, positions, world_size, rank, step, lockstep and rank is not None)
 
 
 def check_compatible(state: dict, identity: PlanIdentity) -> None:
@@ -250,7 +265,7 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
 
 def check_loadable_on(progress: Progress, rank: int, world_size: int) -> None:
     """Raise unless one rank's view may resume from ``progress`` without a merge."""
-    if progress.is_complete or progress.rank is None:
+    if progress.loadable_anywhere or progress.rank is None:
         return
     if (progress.rank, progress.world_size) != (rank, world_size):
         raise ValueError(
@@ -343,13 +358,15 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     samples = [p.samples[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
     positions = [p.positions[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
     for p in parsed:
-        if any(a > b for a, b in zip(p.samples, samples)):
+        # A lockstep state's other splits are derived, not lower bounds: only owners count.
+        if not p.lockstep and any(a > b for a, b in zip(p.samples, samples)):
             raise ValueError(
                 "a state records more progress on a split it does not own than the owner "
                 "does; the states were not taken at the same step"
             )
     merged_extra = {**first_extra, "rank": None, "owned_splits": None,
                     "global_step": parsed[0].global_step}
+    merged_extra.pop("lockstep", None)
     return {**{k: states[0][k] for k in ("shuffle_seed", "num_splits", "epoch")},
             "samples_consumed_per_split": samples,
             "positions_consumed_per_split": positions,
