@@ -61,7 +61,11 @@ def portable(error: BaseException) -> BaseException:
     """``error`` if it survives pickling (to cross a process), else a RuntimeError
     carrying its type and message."""
     try:
-        pickle.loads(pickle.dumps(error))
+        try:  # what Ray itself pickles with, when it is there
+            from ray import cloudpickle as pickler
+        except ImportError:
+            pickler = pickle  # type: ignore[assignment]
+        pickler.loads(pickler.dumps(error))
         return error
     except Exception:
         out = RuntimeError(f"{type(error).__qualname__}: {error}")
