@@ -17,6 +17,9 @@ from torch.utils.data import get_worker_info
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH_BATCHES = 2
+UNTRACKED = ("StreamingDataset cannot checkpoint after a plain torch DataLoader with "
+             "num_workers > 0 read it: its workers' progress never reaches this process. Use "
+             "lance_ray.StreamingDataLoader, which commits each batch when next() returns it")
 
 
 class WorkerInfo(Protocol):

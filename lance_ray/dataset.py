@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,6 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import state as st
 from .compat import (
+    UNTRACKED,
     ReferenceOptions,
     WorkerInfo,
     current_worker,
@@ -30,7 +30,7 @@ from .plan import (
     positive_int,
     rank_splits,
 )
-from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans
+from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
 from .reading import Reading
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
@@ -43,9 +43,6 @@ logger = logging.getLogger(__name__)
 # 2.8x the rows/s of 16384-row ones). Reads start small (read.FIRST_READ_ROWS) and grow.
 DEFAULT_READ_BATCH_SIZE = 65536
 READERS = ("ray", "local")
-UNTRACKED = ("StreamingDataset cannot checkpoint after a plain torch DataLoader with "
-             "num_workers > 0 read it: its workers' progress never reaches this process. Use "
-             "lance_ray.StreamingDataLoader, which commits each batch when next() returns it")
 
 
 class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
@@ -148,7 +145,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
                         shuffle_clump_size, filter)
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
         # DataLoader workers needs no Ray at all).
-        remote = reader == "ray" and _ray_is_up()
+        remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, rows)
         self._init_view(table_ref, spec, plans, rank=rank,
                         world_size=world_size, columns=columns,
@@ -368,11 +365,6 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
 
     # ----------------------------------------------------------------------- reading
 
-    @property
-    def stats(self) -> ViewStats:
-        """Exact counters of what this view delivered (rows, bytes, waits, skips, rate)."""
-        return self._meter.stats
-
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
         lease: list[weakref.ref[Iterator[Any]]] = []
@@ -397,17 +389,5 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         batches = self._batches(lease, batch_size, collate_fn)
         lease.append(weakref.ref(batches))
         return batches
-
-    def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """``(split, position)`` of the next samples ``start .. stop-1`` (for logging/tests)."""
-        remaining = self._stream().advanced(self._cursor.consumed)
-        splits, positions = remaining.slice(start, stop)
-        return list(zip(splits.tolist(), positions.tolist()))
-
-
-
-def _ray_is_up() -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
 
 

@@ -317,3 +317,9 @@ class Reading:
             self._cursor.ended = generation == self._cursor.generation
         finally:
             self._end(generation)
+
+    def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """``(split, position)`` of the next samples ``start .. stop-1`` (for logging/tests)."""
+        remaining = self._cursor.stream().advanced(self._cursor.consumed)
+        splits, positions = remaining.slice(start, stop)
+        return list(zip(splits.tolist(), positions.tolist()))

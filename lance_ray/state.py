@@ -9,14 +9,12 @@ JSON file helpers.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from .jsonio import read_json, write_json_atomic
 from .plan import SplitPlan, rank_splits
 
 logger = logging.getLogger(__name__)
@@ -68,9 +66,7 @@ class Progress:
     world_size: int | None = None  # None: unknown (reference-format state)
     rank: int | None = None  # None: a merged state that covers every split
     global_step: int | None = None
-    # A rank's own state whose other splits were derived from its progress, valid when every
-    # process of its layout delivered as many samples since a complete starting point.
-    lockstep: bool = False
+    lockstep: bool = False  # a rank's state whose other splits follow from its own
 
     @property
     def is_complete(self) -> bool:
@@ -93,8 +89,7 @@ def make_state(
     global_step: int | None,
     lockstep: bool = False,
 ) -> dict[str, Any]:
-    """Build a state dict. ``rank=None`` marks a merged state covering every split;
-    ``lockstep`` a rank's state whose other splits follow from its own progress."""
+    """Build a state dict. ``rank=None`` marks a merged state covering every split."""
     extra = {
         "format_version": FORMAT_VERSION,
         "table_version": identity.table_version,
@@ -223,8 +218,7 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
         raise ValueError(f"checkpoint rank {rank!r} is not in [0, {world_size})")
     if step is not None and (not _is_int(step) or step < 0):
         raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
-    lockstep = extra.get("lockstep", False)
-    if not isinstance(lockstep, bool):
+    if not isinstance(lockstep := extra.get("lockstep", False), bool):
         raise ValueError(f"checkpoint lockstep {lockstep!r} must be true or false")
     return Progress(samples, positions, world_size, rank, step, lockstep and rank is not None)
 
@@ -371,36 +365,6 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
             "samples_consumed_per_split": samples,
             "positions_consumed_per_split": positions,
             EXTRA_KEY: merged_extra}
-
-
-def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
-    """Write ``obj`` as JSON so that readers see the old file or the new one, never half.
-
-    ``fsync=False`` still survives the writer's process dying (the rename is atomic); only
-    a machine crash can then lose the newest file.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, sort_keys=True)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file (never pickle), with an error that names the file."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        # Never fall back to unpickling: loading a pickle can run arbitrary code.
-        raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {e}") from e
 
 
 def save_state(path: str | os.PathLike[str], state: dict) -> None:

@@ -171,6 +171,11 @@ class ReferenceCounters:
     _gauge: Gauge
 
     @property
+    def stats(self) -> ViewStats:
+        """Exact counters of what this view delivered (rows, bytes, waits, skips, rate)."""
+        return self._meter.stats
+
+    @property
     def bytes_loaded(self) -> int:
         """Arrow bytes read for the samples delivered so far (before any transform)."""
         return self._meter.stats.bytes

@@ -17,6 +17,7 @@ so every rank yields the same number of steps (:class:`Skipped`); ``"fill"`` del
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import pickle
 from collections.abc import Callable, Sequence
@@ -60,11 +61,10 @@ class BatchFailed(Failed):
 def portable(error: BaseException) -> BaseException:
     """``error`` if it survives pickling (to cross a process), else a RuntimeError
     carrying its type and message."""
+    pickler: Any = pickle
+    with contextlib.suppress(ImportError):  # what Ray itself pickles with, when it is there
+        from ray import cloudpickle as pickler
     try:
-        try:  # what Ray itself pickles with, when it is there
-            from ray import cloudpickle as pickler
-        except ImportError:
-            pickler = pickle  # type: ignore[assignment]
         pickler.loads(pickler.dumps(error))
         return error
     except Exception:

@@ -28,7 +28,7 @@ from lance_ray.state import parse_state
 SPLITS = 12
 SEED = 42
 ROWS = 120
-PROPERTY = settings(deadline=None, max_examples=25,
+PROPERTY = settings(deadline=None, max_examples=12,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 
