@@ -279,7 +279,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
     element-wise maximum, as the reference does, with a logged warning.
     """
     if not isinstance(states, list | tuple) or not states:
-        raise ValueError("merge_state_dicts requires a non-empty list of state dicts")
+        raise ValueError("merge_state_dicts requires at least one state dict (a non-empty list)")
     parsed = [parse_state(s) for s in states]
     first = states[0]
     for s in states[1:]:

@@ -402,3 +402,48 @@ def test_reference_format_states_merge_as_in_the_reference(states):
             for s, extra in states]
     expected = reference.StreamingDataset.merge_state_dicts(made)
     assert lance_ray.merge_state_dicts(made) == expected
+
+
+# ----------------------------------------------------------------------- 9. the spec's details
+
+
+def test_dropped_rows_resume_elastically_from_merged_rank_states(table):
+    kw = {"shuffle": False, "transform": FailOn({0, 24, 18}), "on_transform_error": "skip"}
+    expected = ids(ours(table, **kw))
+    assert expected == ids(theirs(table, **kw))
+    ranks = [ours(table, rank=r, world_size=2, **kw) for r in range(2)]
+    head = run_steps(ranks, 6, 3)
+    merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ranks])
+    ref_ranks = [theirs(table, rank=r, world_size=2, **kw) for r in range(2)]
+    run_steps(ref_ranks, 6, 3)
+    ref_merged = reference.StreamingDataset.merge_state_dicts(
+        [ds.state_dict() for ds in ref_ranks])
+    for key in ("samples_consumed_per_split", "positions_consumed_per_split"):
+        assert merged[key] == ref_merged[key]
+    again = ours(table, **kw)
+    again.load_state_dict(merged)
+    assert [frozenset(expected[s * SPLITS:(s + 1) * SPLITS]) for s in range(3)] == head
+    assert ids(again) == expected[3 * SPLITS:]
+
+
+def test_small_contract_points_of_the_reference(table):
+    with pytest.raises(ValueError, match="at least 1 row per split"):
+        ours(table, filter="id < 0")
+    drawn = ours(table, shuffle_seed=None)
+    seed = drawn.state_dict()["shuffle_seed"]
+    assert isinstance(seed, int) and ids(drawn) == ids(ours(table, shuffle_seed=seed))
+    with pytest.raises(ValueError, match="at least one"):
+        lance_ray.StreamingDataset.merge_state_dicts([])
+    assert ours(table, world_size=2, num_splits=None).num_splits == 2
+
+
+@pytest.mark.parametrize("done", [0, ROWS // SPLITS])
+def test_one_ranks_state_at_the_epochs_start_or_end_resumes_all_or_nothing(table, done):
+    first = [ours(table, rank=r, world_size=2) for r in range(2)]
+    run_steps(first, SPLITS // 2, done)
+    state = first[1].state_dict()
+    resumed = [ours(table, rank=r, world_size=4) for r in range(4)]
+    for ds in resumed:
+        ds.load_state_dict(state)
+    left = sorted(i for step in global_steps(resumed, SPLITS // 4) for i in step)
+    assert left == (list(range(ROWS)) if done == 0 else [])
