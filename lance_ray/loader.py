@@ -15,6 +15,7 @@ from .order import RankStream
 from .read import FIRST_READ_ROWS, ChunkResult
 from .reading import every_row
 from .stats import NO_COST, ReadCost
+from .transform import portable_items
 
 
 class _Delivered(NamedTuple):
@@ -54,7 +55,10 @@ class _BatchSource(IterableDataset):
         if self.dataset._drops:
             # Which rows survive is known only after their transform: workers read every
             # k-th read and the trainer interleaves the survivors (and runs the policy).
-            yield from self.dataset._read_rows(every_row(self.stream), worker, workers)
+            for chunk in self.dataset._read_rows(every_row(self.stream), worker, workers):
+                if isinstance(chunk.payload, list):
+                    chunk.payload = portable_items(chunk.payload)
+                yield chunk
             return
         size = self.batch_size
         for group in self.dataset._read_batches(self.stream, size * self.group, worker=worker,

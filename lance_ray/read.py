@@ -31,7 +31,7 @@ import pyarrow as pa
 from .convert import to_columns
 from .stats import NO_COST, ReadCost
 from .table import TableRef
-from .transform import Failed, TransformPolicy, portable
+from .transform import TransformPolicy, portable_items
 
 logger = logging.getLogger(__name__)
 
@@ -224,8 +224,7 @@ class _TransformStage:
         started = time.perf_counter()
         items = np.empty(batch.num_rows, dtype=object)
         # Failures travel as data (Ray would wrap a raised exception and lose its type).
-        items[:] = [type(x)(portable(x.error)) if isinstance(x, Failed) else x
-                    for x in self.transform(batch)]
+        items[:] = portable_items(self.transform(batch))
         out = {ITEM_COLUMN: items, **{c: table.column(c).to_numpy() for c in INTERNAL_COLUMNS}}
         out[COST_COLUMNS[2]] = out[COST_COLUMNS[2]] + _first_row(
             time.perf_counter() - started, batch.num_rows).to_numpy()

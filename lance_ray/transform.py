@@ -74,6 +74,11 @@ def portable(error: BaseException) -> BaseException:
         return out
 
 
+def portable_items(items: list[Any]) -> list[Any]:
+    """``items`` ready to cross a process: failures carry picklable exceptions."""
+    return [type(x)(portable(x.error)) if isinstance(x, Failed) else x for x in items]
+
+
 def check_policy(on_error: object) -> None:
     if on_error not in POLICIES and not callable(on_error):
         raise ValueError(
