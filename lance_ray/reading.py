@@ -242,7 +242,7 @@ class Reading:
         stream = self._cursor.rebase(worker_share(self._owned, worker))
         self._cursor.generation += 1
         self._lease = lease
-        self._gauge.start(len(stream))
+        self._gauge.start(len(every_row(stream) if self._drops else stream))
         return stream, self._cursor.generation
 
     def _end(self, generation: int) -> None:

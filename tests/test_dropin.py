@@ -327,6 +327,12 @@ def test_a_split_with_no_surviving_row_ends_the_epoch_at_once(table):
     split0 = ids(ours(table, shuffle=False))[::SPLITS]
     ds = ours(table, shuffle=False, transform=FailOn(split0), on_transform_error="skip")
     assert list(ds) == [] and ds.rows_skipped == len(split0)
+    some = ours(table, transform=FailOn({3, 4}), on_transform_error="skip", read_batch_size=8)
+    it = iter(some)
+    next(it)
+    assert some.unscanned_rows >= 0 and some.raw_queue_depth >= 0
+    assert some.prefetch_queue_depth > 0
+    assert len(list(it)) + 1 == some.consumed_rows and some.unscanned_rows == 0
 
 
 def test_warn_logs_the_skip_and_the_error_type(table, caplog):
