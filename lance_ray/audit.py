@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .state import read_json, write_json_atomic
+from .jsonio import read_json, write_json_atomic
 
 
 @dataclass(frozen=True)

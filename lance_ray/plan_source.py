@@ -8,6 +8,7 @@ own splits;
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -81,3 +82,10 @@ def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
     if len(owned) < spec.num_splits:  # a view would keep every other rank's splits alive
         part = replace(part, row_ids=part.row_ids.copy())
     return part, PlanIdentity.of(full)
+
+
+def ray_is_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+

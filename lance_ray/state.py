@@ -9,14 +9,12 @@ JSON file helpers.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from .jsonio import read_json, write_json_atomic
 from .plan import SplitPlan, rank_splits
 
 logger = logging.getLogger(__name__)
@@ -68,11 +66,17 @@ class Progress:
     world_size: int | None = None  # None: unknown (reference-format state)
     rank: int | None = None  # None: a merged state that covers every split
     global_step: int | None = None
+    lockstep: bool = False  # a rank's state whose other splits follow from its own
 
     @property
     def is_complete(self) -> bool:
         """True when every split's entry is exact (merged, or a 1-rank state)."""
         return self.rank is None or self.world_size == 1
+
+    @property
+    def loadable_anywhere(self) -> bool:
+        """True when any rank of any valid world size may resume from this state alone."""
+        return self.is_complete or self.lockstep
 
 
 def make_state(
@@ -83,6 +87,7 @@ def make_state(
     world_size: int,
     rank: int | None,
     global_step: int | None,
+    lockstep: bool = False,
 ) -> dict[str, Any]:
     """Build a state dict. ``rank=None`` marks a merged state covering every split."""
     extra = {
@@ -100,6 +105,8 @@ def make_state(
         ),
         "global_step": global_step,
     }
+    if lockstep:  # only when set, so lockstep-free states stay exactly format version 1
+        extra["lockstep"] = True
     return {
         "shuffle_seed": identity.shuffle_seed,
         "num_splits": identity.num_splits,
@@ -211,7 +218,9 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
         raise ValueError(f"checkpoint rank {rank!r} is not in [0, {world_size})")
     if step is not None and (not _is_int(step) or step < 0):
         raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
-    return Progress(samples, positions, world_size, rank, step)
+    if not isinstance(lockstep := extra.get("lockstep", False), bool):
+        raise ValueError(f"checkpoint lockstep {lockstep!r} must be true or false")
+    return Progress(samples, positions, world_size, rank, step, lockstep and rank is not None)
 
 
 def check_compatible(state: dict, identity: PlanIdentity) -> None:
@@ -250,7 +259,7 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
 
 def check_loadable_on(progress: Progress, rank: int, world_size: int) -> None:
     """Raise unless one rank's view may resume from ``progress`` without a merge."""
-    if progress.is_complete or progress.rank is None:
+    if progress.loadable_anywhere or progress.rank is None:
         return
     if (progress.rank, progress.world_size) != (rank, world_size):
         raise ValueError(
@@ -270,7 +279,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
     element-wise maximum, as the reference does, with a logged warning.
     """
     if not isinstance(states, list | tuple) or not states:
-        raise ValueError("merge_state_dicts requires a non-empty list of state dicts")
+        raise ValueError("merge_state_dicts requires at least one state dict (a non-empty list)")
     parsed = [parse_state(s) for s in states]
     first = states[0]
     for s in states[1:]:
@@ -343,47 +352,19 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     samples = [p.samples[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
     positions = [p.positions[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
     for p in parsed:
-        if any(a > b for a, b in zip(p.samples, samples)):
+        # A lockstep state's other splits are derived, not lower bounds: only owners count.
+        if not p.lockstep and any(a > b for a, b in zip(p.samples, samples)):
             raise ValueError(
                 "a state records more progress on a split it does not own than the owner "
                 "does; the states were not taken at the same step"
             )
     merged_extra = {**first_extra, "rank": None, "owned_splits": None,
                     "global_step": parsed[0].global_step}
+    merged_extra.pop("lockstep", None)
     return {**{k: states[0][k] for k in ("shuffle_seed", "num_splits", "epoch")},
             "samples_consumed_per_split": samples,
             "positions_consumed_per_split": positions,
             EXTRA_KEY: merged_extra}
-
-
-def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
-    """Write ``obj`` as JSON so that readers see the old file or the new one, never half.
-
-    ``fsync=False`` still survives the writer's process dying (the rename is atomic); only
-    a machine crash can then lose the newest file.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, sort_keys=True)
-            f.flush()
-            if fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """Parse a JSON file (never pickle), with an error that names the file."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        # Never fall back to unpickling: loading a pickle can run arbitrary code.
-        raise ValueError(f"{os.fspath(path)!r} is not valid JSON: {e}") from e
 
 
 def save_state(path: str | os.PathLike[str], state: dict) -> None:
