@@ -94,6 +94,11 @@ class StreamingDataset(IterableDataset):
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
         ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
+        plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
+            order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
+            shuffled position computed by a seeded bijection, O(num_splits) memory and no
+            build step at any table size, with its own order and checkpoints (README,
+            "Scale").
     """
 
     def __init__(
@@ -118,6 +123,7 @@ class StreamingDataset(IterableDataset):
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
+        plan: str = "lancedb",
     ) -> None:
         super().__init__()
         positive_int("world_size", world_size)
@@ -126,11 +132,11 @@ class StreamingDataset(IterableDataset):
             raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
-                                       filter=filter)
+                                       filter=filter, plan=plan)
         table_ref = resolve_table(table, version=table_version, storage_options=storage_options)
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
-                        shuffle_clump_size, filter)
+                        shuffle_clump_size, filter, plan)
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
         # DataLoader workers needs no Ray at all).
         remote = reader == "ray" and _ray_is_up()

@@ -27,6 +27,7 @@ FORMAT_VERSION = 1
 MAX_NUM_SPLITS = 1 << 24
 EXTRA_KEY = "lance_ray"
 REFERENCE_KEYS = ("shuffle_seed", "num_splits", "epoch", "samples_consumed_per_split")
+DEFAULT_PLAN = "lancedb"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class PlanIdentity:
     shuffle: bool
     filter: str | None
     shuffle_clump_size: int | None
+    plan: str = "lancedb"  # the plan mode; states record it only when it is not the default
 
     @classmethod
     def of(cls, plan: SplitPlan) -> PlanIdentity:
@@ -56,6 +58,7 @@ class PlanIdentity:
             s.shuffle,
             s.filter,
             s.shuffle_clump_size,
+            s.plan,
         )
 
 
@@ -100,6 +103,8 @@ def make_state(
         ),
         "global_step": global_step,
     }
+    if identity.plan != DEFAULT_PLAN:  # lancedb-mode states keep the format unchanged
+        extra["plan"] = identity.plan
     return {
         "shuffle_seed": identity.shuffle_seed,
         "num_splits": identity.num_splits,
@@ -226,6 +231,15 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             )
             raise ValueError(f"{key} mismatch: checkpoint has {theirs}, dataset has {ours}; {fix}")
     extra = state.get(EXTRA_KEY)
+    theirs_plan = (extra or {}).get("plan", DEFAULT_PLAN)
+    if theirs_plan != identity.plan:
+        raise ValueError(
+            f"plan mode mismatch: checkpoint was taken with plan={theirs_plan!r}, dataset uses "
+            f"plan={identity.plan!r}; the two modes order rows differently: construct the "
+            f"dataset with plan={theirs_plan!r}"
+            + (" (a state without a lance_ray identity is a lancedb-mode state)"
+               if not extra else "")
+        )
     if not extra:
         logger.warning(
             "checkpoint has no lance_ray identity (a lancedb.streaming state?): its table "
@@ -302,7 +316,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
 def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     first_extra = states[0][EXTRA_KEY]
     for s in states[1:]:
-        for key in ("table_version", "plan_fingerprint", "shuffle", "filter",
+        for key in ("plan", "table_version", "plan_fingerprint", "shuffle", "filter",
                     "shuffle_clump_size", "split_len"):
             if s[EXTRA_KEY].get(key) != first_extra.get(key):
                 raise ValueError(
