@@ -2,7 +2,7 @@
 
 ``BackgroundPlans`` is a small keyed cache of builds. ``get`` returns a key's value, waiting
 for its background build if one is running (or building it on the caller's thread if none
-is); ``prefetch`` starts a build on a daemon thread and returns at once. A failed build is
+is); ``prefetch`` starts a build on a thread and returns at once. A failed build is
 forgotten once ``get`` has raised its error, so asking again retries.
 """
 
@@ -72,10 +72,14 @@ class BackgroundPlans(Generic[K, V]):
             raise
 
     def prefetch(self, key: K) -> None:
-        """Start building ``key`` on a daemon thread unless it is built or being built."""
+        """Start building ``key`` on a thread unless it is built or being built.
+
+        Not a daemon thread: the interpreter waits for it at exit, because a Lance scan cut
+        off by interpreter shutdown aborts the process (measured: exit code 134).
+        """
         fut, mine = self._claim(key, background=True)
         if mine:
-            threading.Thread(target=self._run, args=(key, fut), daemon=True,
+            threading.Thread(target=self._run, args=(key, fut),
                              name=f"lance_ray-{self._name}-prefetch").start()
 
     def ready(self, key: K) -> V | None:
