@@ -26,6 +26,7 @@ vectorised numpy passes over the slice, and nothing per row is kept (except a fi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -133,15 +134,35 @@ class RowSpace:
     def total(self) -> int:
         return int(self.starts[-1])
 
+    @functools.cached_property
+    def _lookup(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """Buckets of ``2**shift`` positions (4 to 8 per fragment), the fragment where each
+        bucket starts, and each fragment's row-id base (its id << 32)."""
+        shift = max(0, (self.total // (4 * max(1, len(self.fragment_ids)))).bit_length() - 1)
+        buckets = np.arange(0, self.total, 1 << shift, dtype=np.int64)
+        first = np.searchsorted(self.starts, buckets, side="right") - 1
+        return shift, first, self.fragment_ids.astype(np.uint64) << np.uint64(32)
+
+    def _fragments(self, pos: np.ndarray) -> np.ndarray:
+        # A bucket lookup plus a step per fragment boundary inside the bucket: on shuffled
+        # positions several times faster than a binary search (np.searchsorted).
+        shift, first, _ = self._lookup
+        frag = first[pos >> shift]
+        late = np.flatnonzero(pos >= self.starts[frag + 1])
+        while late.size:
+            frag[late] += 1
+            late = late[pos[late] >= self.starts[frag[late] + 1]]
+        return frag
+
     def row_ids(self, positions: np.ndarray) -> np.ndarray:
         """Row ids (uint64) of ``positions``."""
         pos = np.asarray(positions, dtype=np.int64)
-        frag = np.searchsorted(self.starts, pos, side="right") - 1
+        frag = self._fragments(pos)
         if self.offsets is None:
             offset = (pos - self.starts[frag]).astype(np.uint64)
         else:
             offset = self.offsets[pos].astype(np.uint64)
-        return (self.fragment_ids[frag].astype(np.uint64) << np.uint64(32)) | offset
+        return self._lookup[2][frag] | offset
 
     def digest(self) -> bytes:
         h = hashlib.sha256()

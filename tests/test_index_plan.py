@@ -45,7 +45,6 @@ from lance_ray.index_plan import (
 from lance_ray.plan import PlanSpec, PlanTooLargeError, valid_world_sizes
 from lance_ray.state import merge_state_dicts
 
-
 PURE = settings(deadline=None, max_examples=100)
 
 
