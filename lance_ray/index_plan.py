@@ -143,6 +143,9 @@ class RowSpace:
         first = np.searchsorted(self.starts, buckets, side="right") - 1
         return shift, first, self.fragment_ids.astype(np.uint64) << np.uint64(32)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lookup"}  # rebuilt on use
+
     def _fragments(self, pos: np.ndarray) -> np.ndarray:
         # A bucket lookup plus a step per fragment boundary inside the bucket: on shuffled
         # positions several times faster than a binary search (np.searchsorted).

@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 EPOCH_SEED_STRIDE = 100003
 PLAN_MODES = ("lancedb", "index")
 # lancedb 0.40 sorts the permutation in a fixed 100 MB DataFusion pool (LANCE_MEM_POOL_SIZE
-# does not reach it): measured, 2.5M shuffled rows build and 3M fail.
+# does not reach it): measured, 2.5M shuffled rows build and 3M fail (full or clumped, 1 to 64
+# splits). Above 3M we refuse at once: the builder takes ~1 min to fail at 100M rows.
 BUILDER_SHUFFLE_LIMIT = "about 2.5M rows"
+BUILDER_SHUFFLE_MAX_ROWS = 3_000_000
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,8 @@ def build_plan(table: Any, spec: PlanSpec, total_rows: int) -> SplitPlan:
     """
     from lancedb.permutation import permutation_builder
 
+    if spec.shuffle and total_rows > BUILDER_SHUFFLE_MAX_ROWS:
+        raise _too_large(spec, total_rows)
     builder = permutation_builder(table)
     if spec.filter is not None:
         builder = builder.filter(spec.filter)
@@ -215,13 +219,7 @@ def build_plan(table: Any, spec: PlanSpec, total_rows: int) -> SplitPlan:
         if "Not enough memory" not in str(e) and "Resources exhausted" not in str(e):
             raise
         logger.debug("lancedb's permutation builder failed: %s", e)
-        raise PlanTooLargeError(
-            f"lancedb's permutation builder cannot plan {total_rows:,} rows"
-            f"{' shuffled' if spec.shuffle else ''}: lancedb 0.40 sorts the permutation in a "
-            f"fixed 100 MB memory pool ({BUILDER_SHUFFLE_LIMIT} shuffled; "
-            "LANCE_MEM_POOL_SIZE does not change it). Use plan='index', which computes each "
-            "row's shuffled position (O(num_splits) memory, any table size)"
-        ) from None
+        raise _too_large(spec, total_rows) from None
     plan = plan_from_permutation(
         spec, perm["row_id"].to_numpy(), perm["split_id"].to_numpy()
     )
@@ -230,3 +228,13 @@ def build_plan(table: Any, spec: PlanSpec, total_rows: int) -> SplitPlan:
 
 class PlanTooLargeError(ValueError):
     """The lancedb-compatible plan cannot be built for this many rows: use ``plan="index"``."""
+
+
+def _too_large(spec: PlanSpec, total_rows: int) -> PlanTooLargeError:
+    return PlanTooLargeError(
+        f"lancedb's permutation builder cannot plan {total_rows:,} rows"
+        f"{' shuffled' if spec.shuffle else ''}: lancedb 0.40 sorts the permutation in a "
+        f"fixed 100 MB memory pool ({BUILDER_SHUFFLE_LIMIT} shuffled; LANCE_MEM_POOL_SIZE "
+        "does not change it). Use plan='index', which computes each row's shuffled position "
+        "(O(num_splits) memory, any table size)"
+    )

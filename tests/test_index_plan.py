@@ -2,8 +2,9 @@
 
 Pure properties first (the bijection, every row once, clumps, the same plan in another
 process, memory independent of the table size), then the real datasets over real Lance
-tables (``reader="local"``): exact resume on every world size, global-step sets, filters and
-deletions, and checkpoints of one mode refused by the other.
+tables (``reader="local"``): filters and deletions, checkpoints of one mode refused by the
+other, and the lancedb builder's limit. Exact resume on every world size, global-step sets,
+own-state resume and the DataLoader properties run in both plan modes in test_resume.py.
 """
 
 from __future__ import annotations
@@ -12,27 +13,12 @@ import json
 import pickle
 import subprocess
 import sys
-from typing import Any
 
 import numpy as np
 import pytest
-from conftest import open_table
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_resume import (
-    PROPERTY,
-    RESUME_EVERYWHERE,
-    SMALL_PROPERTY,
-    assert_is_the_epoch,
-    batches,
-    checkpoint,
-    epoch_ids,
-    global_steps,
-    ids,
-    make,
-    plan_args,
-    ranks,
-)
+from test_resume import PROPERTY, ids
 
 import lance_ray
 from lance_ray.index_plan import (
@@ -42,7 +28,7 @@ from lance_ray.index_plan import (
     dense_row_space,
     listed_row_space,
 )
-from lance_ray.plan import PlanSpec, PlanTooLargeError, valid_world_sizes
+from lance_ray.plan import PlanSpec, PlanTooLargeError
 from lance_ray.state import merge_state_dicts
 
 PURE = settings(deadline=None, max_examples=100)
@@ -177,50 +163,6 @@ def test_the_fingerprint_follows_every_plan_input():
 # ----------------------------------------------------------------------- real tables
 
 
-def index_args(args: tuple[tuple[int, int], dict[str, Any]]):
-    shape, kw = args
-    return shape, {**kw, "plan": "index"}
-
-
-@RESUME_EVERYWHERE
-@given(args=plan_args().map(index_args), pick=st.integers(0, 5),
-       batch_size=st.integers(1, 64), cut=st.floats(0, 1, exclude_max=True))
-def test_index_plan_resumes_exactly_on_every_valid_world_size(table_factory, args, pick,
-                                                              batch_size, cut):
-    shape, kw = args
-    table = open_table(table_factory, shape, kw)
-    sizes = valid_world_sizes(kw["num_splits"])
-    world_size = sizes[pick % len(sizes)]
-    run = ranks(table, kw, world_size)
-    steps = int(cut * -(-len(run[0]) // batch_size))
-    before = [i for ds in run for b in batches(ds, batch_size, steps) for i in b]
-    merged = checkpoint(run)
-    assert merged["lance_ray"]["plan"] == "index"
-    epoch = epoch_ids(table, kw)
-    assert len(epoch) == len(set(epoch)) == kw["num_splits"] * run[0].plan.split_len
-    for new_world_size in sizes:
-        after: list[int] = []
-        for ds in ranks(table, kw, new_world_size):
-            ds.load_state_dict(merged)
-            after += ids(ds)
-        assert_is_the_epoch(before + after, epoch, f"{world_size} ranks x {steps} steps of "
-                            f"{batch_size}, resumed on {new_world_size} ranks")
-
-
-@SMALL_PROPERTY
-@given(args=plan_args().map(index_args), multiple=st.integers(1, 4))
-def test_index_plan_global_step_sets_do_not_depend_on_world_size(table_factory, args,
-                                                                 multiple):
-    shape, kw = args
-    table = open_table(table_factory, shape, kw)
-    global_batch = kw["num_splits"] * multiple
-    single = global_steps([batches(make(table, kw), global_batch)])
-    for world_size in valid_world_sizes(kw["num_splits"])[1:]:
-        per_rank = [batches(ds, global_batch // world_size)
-                    for ds in ranks(table, kw, world_size)]
-        assert global_steps(per_rank) == single, f"world_size {world_size}"
-
-
 @PROPERTY
 @given(filter=st.sampled_from(["id % 3 != 0", "x < 100", "id >= 990", "id < 0 or id = 5"]),
        num_splits=st.sampled_from([1, 2, 3]), clump=st.one_of(st.none(), st.integers(1, 9)))
@@ -272,7 +214,8 @@ def test_an_unknown_plan_mode_is_refused_naming_the_modes(table_1k):
 
 
 def test_the_lancedb_plan_past_its_builder_limit_names_the_limit_and_plan_index(tmp_path):
-    """lancedb 0.40's builder sorts in a fixed 100 MB pool: 3M shuffled rows fail."""
+    """lancedb 0.40's builder sorts in a fixed 100 MB pool: 3M shuffled rows fail (its own
+    error is translated); above 3M the builder is not even tried."""
     import lance
     import pyarrow as pa
 
@@ -286,3 +229,7 @@ def test_the_lancedb_plan_past_its_builder_limit_names_the_limit_and_plan_index(
     assert caught.value.__cause__ is None  # DataFusion's message is not chained on
     ds = lance_ray.StreamingDataset(uri, num_splits=8, reader="local", plan="index")
     assert (len(ds), ds.plan.split_len) == (3_000_000, 3_000_000 // 8)
+    # Above 3M rows the same error comes at once, without running the builder.
+    lance.write_dataset(pa.table({"id": np.array([3_000_000])}), uri, mode="append")
+    with pytest.raises(PlanTooLargeError, match="3,000,001 rows shuffled.*plan='index'"):
+        lance_ray.StreamingDataset(uri, num_splits=8, reader="local", shuffle_clump_size=64)
