@@ -77,6 +77,19 @@ def test_the_keyed_permutation_is_a_bijection_and_its_inverse_undoes_it(n, seed)
     assert np.array_equal(perm.inverse(image), np.arange(n))
 
 
+@pytest.mark.parametrize("n", [70_001, 100_000, 1 << 17])
+def test_the_shuffle_looks_like_a_random_permutation(n):
+    """No trace of storage order: position and shuffled index are uncorrelated, neighbours
+    share a split as often as chance says, and jumps have a random permutation's median."""
+    shuffled = Feistel.of(n, n)(np.arange(n, dtype=np.uint64)).astype(np.int64)
+    assert abs(np.corrcoef(np.arange(n), shuffled)[0, 1]) < 0.02
+    split_of = np.empty(n, dtype=np.int64)
+    split_of[shuffled] = np.arange(n) * 8 // n
+    assert abs((split_of[1:] == split_of[:-1]).mean() - 1 / 8) < 0.01
+    # |U - V| of two uniform draws has median (1 - 1/sqrt(2)) n.
+    assert abs(np.median(np.abs(np.diff(shuffled))) / n - (1 - 2 ** -0.5)) < 0.02
+
+
 @PURE
 @given(data=st.data())
 def test_every_row_is_planned_exactly_once_per_epoch_and_only_the_tail_is_dropped(data):
