@@ -101,8 +101,9 @@ def run_mode(uri: str, rows: int, splits: int, batch: int, mode: dict[str, Any])
             "peak_rss_mb": peak_rss_bytes() / 1e6}
 
 
-def simulate(rows: int, splits: int, filtered: bool) -> dict:
-    """Every row id of a ``plan="index"`` epoch over a simulated table of ``rows`` rows."""
+def simulate(rows: int, splits: int, filtered: bool, sample: int) -> dict:
+    """Every row id of a ``plan="index"`` epoch over a simulated table of ``rows`` rows (or
+    only the first ``sample`` samples of the epoch, checked distinct, when ``sample``)."""
     from lance_ray.index_plan import computed_plan, dense_row_space, listed_row_space
     from lance_ray.order import stream_for
     from lance_ray.plan import PlanSpec
@@ -123,8 +124,9 @@ def simulate(rows: int, splits: int, filtered: bool) -> dict:
     plan_bytes = space.nbytes
     plan_rss = rss_bytes() - base
     stream = stream_for(range(splits), [0] * splits, [0] * splits, plan.split_len)
-    total = len(stream)
-    seen = np.zeros(len(counts) * frag, dtype=bool)
+    total = min(sample, len(stream)) if sample else len(stream)
+    seen = np.zeros(len(counts) * frag if not sample else 0, dtype=bool)
+    kept: list[np.ndarray] = []
     lookup_s = 0.0  # the lookups only, not the check
     for lo in range(0, total, SLICE):
         started = time.perf_counter()
@@ -133,9 +135,14 @@ def simulate(rows: int, splits: int, filtered: bool) -> dict:
         lookup_s += time.perf_counter() - started
         flat = ((ids >> np.uint64(32)) * np.uint64(frag) + (ids & np.uint64(0xFFFFFFFF))
                 ).astype(np.int64)
+        if sample:
+            kept.append(flat)
+            continue
         if seen[flat].any():
             raise AssertionError("a row id came twice")
         seen[flat] = True
+    if sample and np.unique(np.concatenate(kept)).size != total:
+        raise AssertionError("a row id came twice")
     return {"rows": total, "build_s": build_s, "plan_bytes": plan_bytes,
             "plan_rss_mb": plan_rss / 1e6, "lookup_s": lookup_s,
             "ids_per_s": total / lookup_s, "ms_per_64k": 1e3 * lookup_s / (total / SLICE),
@@ -144,7 +151,7 @@ def simulate(rows: int, splits: int, filtered: bool) -> dict:
 
 def child(args: argparse.Namespace) -> None:
     if args.simulate:
-        out = simulate(args.simulate, args.splits, args.child == "filtered")
+        out = simulate(args.simulate, args.splits, args.child == "filtered", args.sample)
     else:
         out = run_mode(args.uri, args.rows, args.splits, args.batch, MODES[args.child])
     print(json.dumps(out))
@@ -161,6 +168,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=10_000_000)
     p.add_argument("--simulate", type=int, default=0, help="rows of a simulated id space")
+    p.add_argument("--sample", type=int, default=0,
+                   help="with --simulate: look up only the epoch's first SAMPLE samples")
+    p.add_argument("--kinds", default="dense,filtered", help="with --simulate")
     p.add_argument("--splits", type=int, default=64)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--dir", default="runs/bench_plan")
@@ -173,8 +183,9 @@ def main() -> None:
         return child(args)
     common = ["--splits", str(args.splits)]
     if args.simulate:
-        for kind in ("dense", "filtered"):
-            out = in_child(["--child", kind, "--simulate", str(args.simulate), *common])
+        for kind in args.kinds.split(","):
+            out = in_child(["--child", kind, "--simulate", str(args.simulate),
+                            "--sample", str(args.sample), *common])
             print(f"simulated {args.simulate:,} rows, plan='index' {kind}: {json.dumps(out)}",
                   flush=True)
         return

@@ -177,8 +177,11 @@ class RowSpace:
 
     @property
     def nbytes(self) -> int:
+        """Bytes held, the lookup tables included."""
         listed = 0 if self.offsets is None else self.offsets.nbytes
-        return self.fragment_ids.nbytes + self.starts.nbytes + listed
+        _, first, bases = self._lookup
+        return self.fragment_ids.nbytes + self.starts.nbytes + listed + first.nbytes + \
+            bases.nbytes
 
 
 @dataclass(frozen=True)
