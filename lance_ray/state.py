@@ -27,7 +27,6 @@ FORMAT_VERSION = 1
 MAX_NUM_SPLITS = 1 << 24
 EXTRA_KEY = "lance_ray"
 REFERENCE_KEYS = ("shuffle_seed", "num_splits", "epoch", "samples_consumed_per_split")
-DEFAULT_PLAN = "lancedb"
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ def make_state(
         ),
         "global_step": global_step,
     }
-    if identity.plan != DEFAULT_PLAN:  # lancedb-mode states keep the format unchanged
+    if identity.plan != "lancedb":  # lancedb-mode states keep the format unchanged
         extra["plan"] = identity.plan
     return {
         "shuffle_seed": identity.shuffle_seed,
@@ -231,15 +230,11 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             )
             raise ValueError(f"{key} mismatch: checkpoint has {theirs}, dataset has {ours}; {fix}")
     extra = state.get(EXTRA_KEY)
-    theirs_plan = (extra or {}).get("plan", DEFAULT_PLAN)
-    if theirs_plan != identity.plan:
-        raise ValueError(
-            f"plan mode mismatch: checkpoint was taken with plan={theirs_plan!r}, dataset uses "
-            f"plan={identity.plan!r}; the two modes order rows differently: construct the "
-            f"dataset with plan={theirs_plan!r}"
-            + (" (a state without a lance_ray identity is a lancedb-mode state)"
-               if not extra else "")
-        )
+    theirs = (extra or {}).get("plan", "lancedb")  # the modes order rows differently
+    if theirs != identity.plan:
+        raise ValueError(f"plan mode mismatch: checkpoint was taken with plan={theirs!r}"
+                         f"{'' if extra else ' (it has no lance_ray identity)'}, dataset uses "
+                         f"plan={identity.plan!r}; construct it with plan={theirs!r}")
     if not extra:
         logger.warning(
             "checkpoint has no lance_ray identity (a lancedb.streaming state?): its table "
