@@ -71,7 +71,7 @@ def _request(plan: SplitPlan, stream: RankStream, spans: list[tuple[int, int]]) 
     parts = []
     for lo, hi in spans:
         splits, positions = stream.slice(lo, hi)
-        parts.append(plan.row_ids[splits - plan.first_split, positions])
+        parts.append(plan.rows_at(splits, positions))
     return ChunkRequest(tuple(spans), parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 

@@ -94,6 +94,11 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
             (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
         ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
+        plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
+            order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
+            shuffled position computed by a seeded bijection, O(num_splits) memory and no
+            build step at any table size, with its own order and checkpoints (README,
+            "Scale").
         io_queue_depth, transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.compat` for what each means here.
@@ -121,6 +126,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
+        plan: str = "lancedb",
         # lancedb.streaming's own arguments (compat.py says what each maps to)
         io_queue_depth: int | None = None,
         transform_parallelism: int | None = None,
@@ -140,14 +146,14 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
-                                       filter=filter)
+                                       filter=filter, plan=plan)
         table_ref = resolve_table(table, version=table_version, storage_options=storage_options,
                                   connection_factory=connection_factory)
         if reader == "ray":
             table_ref.check_shippable()  # now, not in the first read task
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
-                        shuffle_clump_size, filter)
+                        shuffle_clump_size, filter, plan)
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
         # DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()

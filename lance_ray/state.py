@@ -40,6 +40,7 @@ class PlanIdentity:
     shuffle: bool
     filter: str | None
     shuffle_clump_size: int | None
+    plan: str = "lancedb"  # the plan mode; states record it only when it is not the default
 
     @classmethod
     def of(cls, plan: SplitPlan) -> PlanIdentity:
@@ -54,6 +55,7 @@ class PlanIdentity:
             s.shuffle,
             s.filter,
             s.shuffle_clump_size,
+            s.plan,
         )
 
 
@@ -107,6 +109,8 @@ def make_state(
     }
     if lockstep:  # only when set, so lockstep-free states stay exactly format version 1
         extra["lockstep"] = True
+    if identity.plan != "lancedb":  # lancedb-mode states keep the format unchanged
+        extra["plan"] = identity.plan
     return {
         "shuffle_seed": identity.shuffle_seed,
         "num_splits": identity.num_splits,
@@ -235,6 +239,11 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             )
             raise ValueError(f"{key} mismatch: checkpoint has {theirs}, dataset has {ours}; {fix}")
     extra = state.get(EXTRA_KEY)
+    theirs = (extra or {}).get("plan", "lancedb")  # the modes order rows differently
+    if theirs != identity.plan:
+        raise ValueError(f"plan mode mismatch: checkpoint was taken with plan={theirs!r}"
+                         f"{'' if extra else ' (it has no lance_ray identity)'}, dataset uses "
+                         f"plan={identity.plan!r}; construct it with plan={theirs!r}")
     if not extra:
         logger.warning(
             "checkpoint has no lance_ray identity (a lancedb.streaming state?): its table "
@@ -311,7 +320,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
 def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     first_extra = states[0][EXTRA_KEY]
     for s in states[1:]:
-        for key in ("table_version", "plan_fingerprint", "shuffle", "filter",
+        for key in ("plan", "table_version", "plan_fingerprint", "shuffle", "filter",
                     "shuffle_clump_size", "split_len"):
             if s[EXTRA_KEY].get(key) != first_extra.get(key):
                 raise ValueError(

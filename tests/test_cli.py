@@ -186,6 +186,17 @@ def test_plan_without_shuffle(capsys, table_1k):
     assert code == 0 and "sequential" in out and "1, 2, 4, 8" in out
 
 
+def test_plan_in_index_mode_reports_the_fingerprint_the_dataset_checks(capsys, table_1k):
+    code, out, err = run(capsys, "plan", table_1k.to_lance().uri, "--num-splits", "6",
+                         "--plan", "index", "--clump-size", "8", "--json")
+    assert (code, err) == (0, "")
+    p = json.loads(out)
+    assert (p["plan"], p["split_len"], p["dropped_rows"]) == ("index", 166, 4)
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=6, shuffle_clump_size=8,
+                                    plan="index", reader="local")
+    assert p["plan_fingerprint"] == ds.identity.plan_fingerprint
+
+
 # ----------------------------------------------------------------------- merge
 
 

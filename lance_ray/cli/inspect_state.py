@@ -88,6 +88,7 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
         "shuffle": extra.get("shuffle"),
         "filter": extra.get("filter"),
         "shuffle_clump_size": extra.get("shuffle_clump_size"),
+        "plan": extra.get("plan", "lancedb") if extra else None,
         "global_step": progress.global_step,
         "samples_consumed_per_split": samples,
         "positions_consumed_per_split": positions,
