@@ -7,7 +7,7 @@ the batches a trainer sees do not depend on ``num_workers``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,8 @@ from .convert import Columns, concat
 from .order import RankStream
 from .plan import SplitPlan
 from .read import ChunkRequest, ChunkResult, read_sizes
+from .stats import NO_COST, ReadCost
+from .transform import delivered
 
 
 @dataclass
@@ -27,6 +29,7 @@ class Batch:
     start: int
     size: int
     payload: Any  # Columns (tensors), a pyarrow.RecordBatch, or transformed items
+    cost: ReadCost = NO_COST  # of the reads that arrived while this batch was completed
 
 
 def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: int = 1
@@ -68,7 +71,7 @@ def _request(plan: SplitPlan, stream: RankStream, spans: list[tuple[int, int]]) 
     parts = []
     for lo, hi in spans:
         splits, positions = stream.slice(lo, hi)
-        parts.append(plan.row_ids[splits - plan.first_split, positions])
+        parts.append(plan.rows_at(splits, positions))
     return ChunkRequest(tuple(spans), parts[0] if len(parts) == 1 else np.concatenate(parts))
 
 
@@ -82,6 +85,7 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
     current = next(pending, None)
     parts: list[Any] = []
     filled = 0
+    cost = NO_COST
     for chunk in chunks:
         due = None if current is None else current[1] + filled
         if chunk.seq != due:
@@ -90,6 +94,7 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
                 "refusing to change the planned order"
             )
         payload = chunk.payload
+        cost = cost + chunk.cost
         offset, n = 0, len(chunk)
         while offset < n:
             if current is None:
@@ -100,8 +105,8 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
             filled += take
             offset += take
             if filled == hi - lo:
-                yield Batch(index, lo, hi - lo, _join(parts))
-                parts, filled = [], 0
+                yield Batch(index, lo, hi - lo, _join(parts), cost)
+                parts, filled, cost = [], 0, NO_COST
                 current = next(pending, None)
                 if offset < n and (current is None or current[1] != hi):
                     raise RuntimeError("a read chunk spans samples that were not requested")
@@ -115,3 +120,25 @@ def _join(parts: list[Any]) -> Any:
     if isinstance(parts[0], Columns):
         return Columns.concat(parts)
     return concat(parts)
+
+
+def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
+            ) -> tuple[Any, int]:
+    """One assembled batch as the trainer receives it, and how many samples were skipped.
+
+    Arrow payloads only come with a ``collate_fn``: without one the reader already made
+    ``Columns`` (tensors).
+    """
+    if isinstance(payload, list):
+        kept, skipped = delivered(payload)
+        if not kept:
+            return [], skipped
+        if collate_fn is None:
+            from torch.utils.data import default_collate
+
+            return default_collate(kept), skipped
+        return collate_fn(kept), skipped
+    if isinstance(payload, Columns):
+        return payload.data, 0
+    assert collate_fn is not None, "Arrow payloads are read only for a collate_fn"
+    return collate_fn(payload.to_pylist()), 0

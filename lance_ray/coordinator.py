@@ -22,8 +22,9 @@ import ray
 from . import ledger as lg
 from . import state as st
 from . import storage
-from .plan import PlanSpec, SplitPlan, build_plan, check_plan_args, splits_per_rank
-from .plan_source import DEFAULT_NAMESPACE
+from .background import BackgroundPlans
+from .plan import PlanSpec, SplitPlan, check_plan_args, splits_per_rank
+from .plan_source import DEFAULT_NAMESPACE, next_epoch, plan_for
 from .remote import is_remote_table
 from .table import (
     StorageOptionsFactory,
@@ -69,8 +70,9 @@ class CoordinatorActor:
         self._io: dict[str, Any] = {"storage_options": table.storage_options,
                                     "retry": storage_retry}
         self._lock = threading.RLock()
-        self._plan_lock = threading.Lock()
-        self._plans: OrderedDict[int, SplitPlan] = OrderedDict()
+        self._plans: BackgroundPlans[int, SplitPlan] = BackgroundPlans(
+            lambda e: plan_for(table, self._spec.for_epoch(e), rows), keep=PLANS_CACHED,
+            name=f"coordinator {name}: the plan of epoch")
         self._history: OrderedDict[tuple[int, int], lg.Sealed] = OrderedDict()
         self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
@@ -81,7 +83,7 @@ class CoordinatorActor:
     # ----------------------------------------------------------------- durability
 
     def _config(self) -> dict[str, Any]:
-        return {"uri": self._table.uri, "spec": {**asdict(self._spec), "epoch": 0}}
+        return {"uri": self._table.uri, "spec": {**self._spec.config(), "epoch": 0}}
 
     def _recover(self) -> lg.Ledger | None:
         if not storage.exists(self._path, **self._io):
@@ -119,18 +121,11 @@ class CoordinatorActor:
             return self._table, self._spec.for_epoch(self._ledger.epoch)
 
     def _plan(self, epoch: int) -> SplitPlan:
-        with self._plan_lock:
-            plan = self._plans.get(epoch)
-            if plan is None:
-                started = time.monotonic()
-                plan = build_plan(self._table.open_lancedb(), self._spec.for_epoch(epoch),
-                                  self._rows)
-                logger.info("coordinator %s built the plan of epoch %d in %.2fs", self._name,
-                            epoch, time.monotonic() - started)
-                self._plans[epoch] = plan
-                while len(self._plans) > PLANS_CACHED:
-                    self._plans.popitem(last=False)
-            return plan
+        """Epoch ``epoch``'s plan; the next epoch's then starts building in the background."""
+        plan = self._plans.get(epoch)
+        if next_epoch(self._spec.for_epoch(epoch)) is not None:
+            self._plans.prefetch(epoch + 1)
+        return plan
 
     def plan_part(self, epoch: int, first: int, count: int) -> tuple[SplitPlan, st.PlanIdentity]:
         plan = self._plan(epoch)
@@ -245,12 +240,13 @@ class CoordinatorActor:
                 "name": self._name, "epoch": led.epoch, "world_size": led.world_size,
                 "num_splits": led.num_splits, "sealed_step": start.step,
                 "sealed_rows": sum(start.samples),
-                "epoch_rows": self._plans[led.epoch].split_len * led.num_splits
-                if led.epoch in self._plans else None,
+                "epoch_rows": None if (p := self._plans.ready(led.epoch)) is None
+                else p.split_len * led.num_splits,
                 "rows_per_s": rate,
                 "ranks": {r: {"step": s, "rows": n} for r, (s, n) in
                           sorted(self._rank_progress.items())},
                 "pending_steps": sorted(led.pending),
+                "plans_ready": [e for e in (led.epoch, led.epoch + 1) if self._plans.ready(e)],
                 "table_version": self._table.version,
                 "pid": os.getpid(),
             }
@@ -285,6 +281,7 @@ class Coordinator:
         namespace: str = DEFAULT_NAMESPACE,
         detached: bool = False,
         lease_version: bool = True,
+        plan: str = "lancedb",
         storage_retry: storage.RetryPolicy | None = None,
     ) -> Coordinator:
         """Create the coordinator ``name`` (or attach to the live one of that name).
@@ -297,7 +294,8 @@ class Coordinator:
         Keep the returned handle alive while the run needs the actor: a non-detached actor
         is stopped when its last handle goes away. With ``lease_version`` the pinned table
         version is tagged so that version cleanup cannot remove it while the run needs it;
-        :meth:`release_version` drops the tag when the run is over.
+        :meth:`release_version` drops the tag when the run is over. ``plan`` is the plan
+        mode, as in ``StreamingDataset`` (``"index"`` past lancedb's builder limit).
         """
         if is_remote_table(table):
             raise ValueError(
@@ -313,7 +311,7 @@ class Coordinator:
         num_splits = world_size if num_splits is None else num_splits
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
-                                       filter=filter)
+                                       filter=filter, plan=plan)
         splits_per_rank(num_splits, world_size)
         ref = resolve_table(table, version=table_version, storage_options=storage_options)
         storage.resolve(storage_path, storage_options)  # an unknown scheme fails here
@@ -321,7 +319,7 @@ class Coordinator:
         if lease_version:
             take_lease(ref, name)
         spec = PlanSpec(ref.version, num_splits, bool(shuffle), shuffle_seed, epoch,
-                        shuffle_clump_size, filter)
+                        shuffle_clump_size, filter, plan)
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
         handle: Any = ray.remote(CoordinatorActor).options(**options).remote(

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import logging
-import sys
-import time
+import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from . import state as st
-from .batching import Batch, assemble, requests_for, selected_batches
-from .convert import Columns
-from .order import RankStream, stream_for
+from .compat import (
+    UNTRACKED,
+    ReferenceOptions,
+    WorkerInfo,
+    current_worker,
+    prefetch_depth,
+    reference_options,
+    worker_share,
+)
+from .cursor import Cursor
+from .order import RankStream
 from .plan import (
     PlanSpec,
     SplitPlan,
@@ -23,11 +30,11 @@ from .plan import (
     positive_int,
     rank_splits,
 )
-from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans
-from .read import FIRST_READ_ROWS, LocalReader, RayDataReader
-from .stats import Meter, ViewStats, progress_bar
+from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
+from .reading import Reading
+from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
-from .transform import ErrorPolicy, Skipped, Transform, TransformPolicy, check_policy, delivered
+from .transform import ErrorPolicy, Transform, TransformPolicy, make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +42,10 @@ logger = logging.getLogger(__name__)
 # ids share pages (measured on 200k rows, full shuffle, local reader: 65536-row reads give
 # 2.8x the rows/s of 16384-row ones). Reads start small (read.FIRST_READ_ROWS) and grow.
 DEFAULT_READ_BATCH_SIZE = 65536
-T = TypeVar("T")
 READERS = ("ray", "local")
 
 
-@dataclass
-class _Cursor:
-    """Where this view stands: the progress it started from plus what it has delivered."""
-
-    samples: list[int]
-    positions: list[int]
-    consumed: int = 0  # samples delivered to the consumer since ``samples``/``positions``
-    batches: int = 0  # batches delivered since the start of the epoch, when known
-    generation: int = 0  # bumped by every new iterator; stale iterators refuse to go on
-
-
-class StreamingDataset(IterableDataset):
+class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
     """An elastic, exactly-resumable torch ``IterableDataset`` over a Lance / LanceDB table.
 
     Speaks the language of ``lancedb.streaming.StreamingDataset``: the table (at a pinned
@@ -80,11 +75,14 @@ class StreamingDataset(IterableDataset):
         columns: columns to read (default all).
         transform: ``f(pyarrow.RecordBatch) -> sequence`` of one item per row; runs in Ray
             Data tasks. Default items are dicts of the row's Python values.
-        on_transform_error: ``"raise"`` (default); ``"skip"`` / ``"warn"`` (leave the failed
-            sample out; its slot still counts, so every rank yields the same number of
-            steps); ``"fill"`` (deliver ``fill_value`` instead); or ``callable(exc) -> bool``
-            (True skips). Failing batches are retried row by row: keep transforms
-            deterministic.
+        on_transform_error: ``"raise"`` (default); ``"skip"`` / ``"warn"`` /
+            ``callable(exc) -> bool`` (True skips) drop the failed row from its split as the
+            reference does (the split's next row takes its place; ranks may then yield
+            different numbers of steps); ``"keep_slot"`` leaves the failed sample out of its
+            batch but counts its slot, so every rank yields the same number of steps (use
+            it for synchronous DDP); ``"fill"`` delivers ``fill_value`` instead. Failing
+            batches are retried row by row: keep transforms deterministic. The policy (and
+            a callable) runs in the consuming process.
         read_batch_size: most rows per read (one sorted Lance take, one Ray read task);
             reads grow to it from 4096 rows. Lower it for wide rows (images): a read holds
             ``read_batch_size`` rows in memory, ``prefetch_batches`` reads ahead.
@@ -96,6 +94,14 @@ class StreamingDataset(IterableDataset):
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
             (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
         ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
+        plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
+            order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
+            shuffled position computed by a seeded bijection, O(num_splits) memory and no
+            build step at any table size, with its own order and checkpoints (README,
+            "Scale").
+        io_queue_depth, transform_parallelism, transform_queue_depth,
+        worker_info_override: ``lancedb.streaming``'s own arguments; see
+            :mod:`lance_ray.compat` for what each means here.
     """
 
     def __init__(
@@ -115,37 +121,48 @@ class StreamingDataset(IterableDataset):
         fill_value: Any = None,
         shuffle_clump_size: int | None = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
-        prefetch_batches: int = 2,
+        prefetch_batches: int | None = None,
         reader: str = "ray",
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
+        plan: str = "lancedb",
+        # lancedb.streaming's own arguments (compat.py says what each maps to)
+        io_queue_depth: int | None = None,
+        transform_parallelism: int | None = None,
+        transform_queue_depth: int | None = None,
         connection_factory: Callable[[str], Any] | None = None,
+        worker_info_override: WorkerInfo | None = None,
     ) -> None:
         super().__init__()
+        prefetch_batches = prefetch_depth(prefetch_batches, io_queue_depth)
+        options = reference_options(
+            transform_parallelism=transform_parallelism,
+            transform_queue_depth=transform_queue_depth,
+            connection_factory=connection_factory, worker_info_override=worker_info_override)
         positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
         shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
                                        epoch=epoch, shuffle_clump_size=shuffle_clump_size,
-                                       filter=filter)
+                                       filter=filter, plan=plan)
         table_ref = resolve_table(table, version=table_version, storage_options=storage_options,
                                   connection_factory=connection_factory)
         if reader == "ray":
             table_ref.check_shippable()  # now, not in the first read task
         rows = count_rows(table_ref, filter, num_splits)
         spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
-                        shuffle_clump_size, filter)
+                        shuffle_clump_size, filter, plan)
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
         # DataLoader workers needs no Ray at all).
-        remote = reader == "ray" and _ray_is_up()
+        remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, rows)
         self._init_view(table_ref, spec, plans, rank=rank,
                         world_size=world_size, columns=columns,
-                        transform=_policy(transform, on_transform_error, fill_value),
+                        transform=make_policy(transform, on_transform_error, fill_value),
                         read_batch_size=read_batch_size, prefetch_batches=prefetch_batches,
-                        reader=reader, ray_remote_args=ray_remote_args)
+                        reader=reader, ray_remote_args=ray_remote_args, options=options)
 
     @classmethod
     def from_coordinator(
@@ -178,10 +195,10 @@ class StreamingDataset(IterableDataset):
         IterableDataset.__init__(self)
         self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size,
                         columns=columns,
-                        transform=_policy(transform, on_transform_error, fill_value),
+                        transform=make_policy(transform, on_transform_error, fill_value),
                         read_batch_size=read_batch_size,
                         prefetch_batches=prefetch_batches, reader=reader,
-                        ray_remote_args=ray_remote_args)
+                        ray_remote_args=ray_remote_args, options=ReferenceOptions())
         self.load_state_dict(plans.start(rank, world_size))
         return self
 
@@ -189,7 +206,7 @@ class StreamingDataset(IterableDataset):
                    world_size: int, columns: list[str] | None,
                    transform: TransformPolicy | None,
                    read_batch_size: int, prefetch_batches: int, reader: str,
-                   ray_remote_args: dict[str, Any] | None) -> None:
+                   ray_remote_args: dict[str, Any] | None, options: ReferenceOptions) -> None:
         positive_int("world_size", world_size)
         if not isinstance(rank, int) or isinstance(rank, bool):
             raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
@@ -207,8 +224,18 @@ class StreamingDataset(IterableDataset):
         self._reader_kind = reader
         self._ray_remote_args = ray_remote_args
         self._plans = plans
+        self._options = options
         self._meter = Meter(ViewStats(), rank)
+        self._gauge = Gauge()
+        # Set by plain DataLoader workers (shared memory, so the trainer sees it).
+        self._untracked = torch.zeros(1, dtype=torch.int8).share_memory_()
+        self._lease: weakref.ref[Iterator[Any]] | None = None  # the one active iterator
         self._set_plan(spec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lease"] = None  # iterators stay in their process
+        return state
 
     def _set_plan(self, spec: PlanSpec) -> None:
         self._install_plan(spec, *self._plans.part(spec, self._owned))
@@ -218,8 +245,20 @@ class StreamingDataset(IterableDataset):
         self._plan, self._identity = plan, identity
         self._spec = spec
         zeros = [0] * spec.num_splits
-        generation = getattr(self, "_cursor", _Cursor([], [])).generation
-        self._cursor = _Cursor(list(zeros), list(zeros), generation=generation + 1)
+        self._new_cursor(zeros, zeros, batches=0, origin=True)
+
+    def _new_cursor(self, samples: list[int], positions: list[int], *, batches: int,
+                    origin: bool) -> None:
+        """Start from this progress; ``origin``: it is exact for every split. Any running
+        iterator becomes stale."""
+        generation = self._cursor.generation if hasattr(self, "_cursor") else 0
+        worker, _ = current_worker(self._options.worker_info_override, warn=False)
+        self._cursor = Cursor(worker_share(self._owned, worker), list(samples),
+                              list(positions), self._plan.split_len, batches=batches,
+                              generation=generation + 1,
+                              origin=(list(samples), list(positions)) if origin else None)
+        self._lease = None
+        self._untracked[0] = 0
 
     # ----------------------------------------------------------------------- properties
 
@@ -266,27 +305,10 @@ class StreamingDataset(IterableDataset):
     # ----------------------------------------------------------------------- progress
 
     def _stream(self) -> RankStream:
-        c = self._cursor
-        return stream_for(self._owned, c.samples, c.positions, self._plan.split_len)
-
-    def _progress(self) -> tuple[list[int], list[int]]:
-        c = self._cursor
-        samples, positions = list(c.samples), list(c.positions)
-        done = self._stream().advanced(c.consumed)
-        for split, s, p in zip(done.splits, done.samples, done.positions):
-            samples[split], positions[split] = s, p
-        return samples, positions
-
-    def _rebase(self) -> RankStream:
-        """Fold delivered samples into the start point; returns the remaining stream."""
-        samples, positions = self._progress()
-        c = self._cursor
-        c.samples, c.positions, c.consumed = samples, positions, 0
-        return self._stream()
+        return self._cursor.stream()
 
     def _commit(self, samples: int, batches: int = 0) -> None:
-        self._cursor.consumed += samples
-        self._cursor.batches += batches
+        self._cursor.commit(samples, batches)
         if batches and self._plans.wants_reports:  # keep the commit O(1) without a coordinator
             done = self._stream().advanced(self._cursor.consumed)
             self._plans.report(self._rank, self._world_size, self._spec.epoch,
@@ -300,23 +322,41 @@ class StreamingDataset(IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         """This rank's consumer-committed progress as plain, JSON-serialisable data.
 
-        Owned splits are exact; other splits hold the lower bound this view started from.
-        Merge the states of every rank with :meth:`merge_state_dicts` before resuming on
-        another world size.
+        Owned splits are exact. The other splits follow from them when every rank (or
+        simulated DataLoader worker) delivered as many samples since the epoch's start or
+        the last complete state loaded, and no failed row was dropped: then the state is
+        marked ``lockstep`` and loads alone on any rank of any valid world size. Otherwise
+        they hold the lower bound this view started from: merge the states of every rank
+        with :meth:`merge_state_dicts` before resuming elsewhere.
         """
-        samples, positions = self._progress()
-        return st.make_state(self._identity, samples, positions, world_size=self._world_size,
-                             rank=None if self._world_size == 1 else self._rank,
-                             global_step=self._cursor.batches)
+        if self._untracked[0] and get_worker_info() is None:
+            raise RuntimeError(UNTRACKED)
+        c, ws = self._cursor, self._world_size
+        if ws == 1 and len(c.splits) == self.num_splits:
+            return st.make_state(self._identity, *c.progress(), world_size=1, rank=None,
+                                 global_step=c.batches)
+        drops = self._transform is not None and self._transform.drops_rows
+        derived = None if drops else c.lockstep_progress(self.num_splits)
+        if derived is not None:
+            return st.make_state(self._identity, *derived, world_size=ws, rank=self._rank,
+                                 global_step=c.batches, lockstep=True)
+        if len(c.splits) != len(self._owned):
+            raise RuntimeError(
+                "this view reads one DataLoader worker's share of its rank's splits "
+                "(worker_info_override) and its progress does not determine the other "
+                "workers'; checkpoint through StreamingDataLoader instead"
+            )
+        return st.make_state(self._identity, *c.progress(), world_size=ws,
+                             rank=None if ws == 1 else self._rank, global_step=c.batches)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
         progress = st.parse_state(state, self._plan.split_len)
         st.check_compatible(state, self._identity)
         st.check_loadable_on(progress, self._rank, self._world_size)
-        generation = self._cursor.generation + 1  # any running iterator is now stale
-        self._cursor = _Cursor(list(progress.samples), list(progress.positions),
-                               batches=progress.global_step or 0, generation=generation)
+        self._new_cursor(list(progress.samples), list(progress.positions),
+                         batches=progress.global_step or 0,
+                         origin=progress.loadable_anywhere)
 
     merge_state_dicts = staticmethod(st.merge_state_dicts)
 
@@ -334,102 +374,14 @@ class StreamingDataset(IterableDataset):
         self._plans.set_epoch(epoch)
         self._install_plan(spec, *part)
 
-    def _begin(self) -> tuple[RankStream, int]:
-        """Start an iterator: the next epoch if this view itself read this one to its end,
-        then a fresh generation.
-
-        Only the view's own reading moves it on: a state just loaded in which this rank's
-        splits are complete (other ranks may still be reading the epoch) yields nothing.
-        """
-        if self.samples_remaining == 0:
-            if self._cursor.consumed > 0:
-                logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
-                            self._spec.epoch, self._rank, self._spec.epoch + 1)
-                self.set_epoch(self._spec.epoch + 1)
-            else:
-                logger.info("rank %d has no samples left in epoch %d; call set_epoch(%d) to "
-                            "start the next one", self._rank, self._spec.epoch,
-                            self._spec.epoch + 1)
-        stream = self._rebase()
-        self._cursor.generation += 1
-        return stream, self._cursor.generation
-
-    def _check_generation(self, generation: int) -> None:
-        if generation != self._cursor.generation:
-            raise RuntimeError(
-                "this iterator was superseded by a newer iterator, load_state_dict() or "
-                "set_epoch(); create a new iterator to continue"
-            )
-
     # ----------------------------------------------------------------------- reading
-
-    def _reader(self, in_worker: bool, as_tensors: bool) -> LocalReader | RayDataReader:
-        if self._reader_kind == "local" or in_worker:
-            return LocalReader(self._table, self._columns, self._transform,
-                               as_tensors=as_tensors, prefetch=self._prefetch_batches)
-        return RayDataReader(self._table, self._columns, self._transform,
-                             as_tensors=as_tensors, prefetch_batches=self._prefetch_batches,
-                             ray_remote_args=self._ray_remote_args)
-
-    def _read_batches(self, stream: RankStream, batch_size: int, *, worker: int = 0,
-                      num_workers: int = 1, as_tensors: bool = False) -> Iterator[Batch]:
-        """The batches of ``stream`` this process makes, read and assembled in order.
-
-        ``as_tensors``: payloads are ``Columns`` (unless a transform makes items).
-        """
-        wanted = selected_batches(len(stream), batch_size, worker, num_workers)
-        requests = requests_for(self._plan, stream, [(lo, hi) for _, lo, hi in wanted],
-                                self._read_batch_size)
-        reader = self._reader(get_worker_info() is not None or num_workers > 1, as_tensors)
-        return assemble(reader.iter_chunks(requests), wanted)
-
-    def _timed(self, batches: Iterator[T]) -> Iterator[tuple[T, float]]:
-        """Each batch with the time the consumer waited for it."""
-        while True:
-            started = time.monotonic()
-            batch = next(batches, None)
-            if batch is None:
-                return
-            yield batch, time.monotonic() - started
-
-    def _delivered(self, size: int, nbytes: int, skipped: int, wait_s: float, *,
-                   batches: int) -> None:
-        """Commit ``size`` sample slots as consumed and record the delivery."""
-        self._commit(size, batches=batches)
-        self._meter.record(size, nbytes, skipped, wait_s, batches=batches, where=self._where)
-
-    def _where(self) -> str:
-        left = self.samples_remaining
-        done = len(self) - left
-        rate = self._meter.stats.rows_per_s
-        eta = f", ETA {left / rate:.0f}s" if rate > 0 else ""
-        return (f"epoch {self._spec.epoch} {progress_bar(done, len(self))} {done}/{len(self)} "
-                f"samples ({100.0 * done / max(len(self), 1):.1f}%{eta})")
-
-    @property
-    def stats(self) -> ViewStats:
-        """Exact counters of what this view delivered (rows, bytes, waits, skips, rate)."""
-        return self._meter.stats
 
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
-        stream, generation = self._begin()
-        if get_worker_info() is not None:
-            logger.warning("iterating a StreamingDataset in a plain DataLoader worker: use "
-                           "StreamingDataLoader so checkpoints count only consumed batches")
-        # Batches the size of the first read: cut from the growing reads, rarely re-joined.
-        group = min(self._read_batch_size, FIRST_READ_ROWS)
-        for batch, wait_s in self._timed(self._read_batches(stream, group)):
-            rows = batch.payload if isinstance(batch.payload, list) else batch.payload.to_pylist()
-            nbytes = 0 if isinstance(batch.payload, list) else batch.payload.nbytes
-            for i, row in enumerate(rows):
-                self._check_generation(generation)
-                skipped = isinstance(row, Skipped)
-                # The chunk's bytes and wait are booked with its first row.
-                self._delivered(1, 0 if i else nbytes, int(skipped), 0.0 if i else wait_s,
-                                batches=0)
-                if not skipped:
-                    yield row
+        lease: list[weakref.ref[Iterator[Any]]] = []
+        samples = self._samples(lease)
+        lease.append(weakref.ref(samples))
+        return samples
 
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
                      ) -> Iterator[Any]:
@@ -438,60 +390,15 @@ class StreamingDataset(IterableDataset):
         Without a transform a batch is ``{column: tensor}`` built straight from Arrow (lists
         for non-numeric columns); with one, ``collate_fn`` (default torch's
         ``default_collate``) collates the items. Each batch is committed when it is handed
-        over, so ``state_dict()`` between batches is exact. Samples whose transform failed
-        under ``on_transform_error="skip"`` are left out, so such a batch is smaller (an
-        empty list if none is left); every rank still yields the same number of batches.
+        over, so ``state_dict()`` between batches is exact. Under
+        ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
+        smaller (an empty list if none is left) and every rank yields the same number of
+        batches; under ``"skip"`` every batch but the last is full.
         """
         positive_int("batch_size", batch_size)
-        stream, generation = self._begin()
-        batches = self._read_batches(stream, batch_size, as_tensors=collate_fn is None)
-        for batch, wait_s in self._timed(batches):
-            out, nbytes, skipped = collate(batch.payload, collate_fn)
-            self._check_generation(generation)
-            self._delivered(batch.size, nbytes, skipped, wait_s, batches=1)
-            yield out
-
-    def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """``(split, position)`` of the next samples ``start .. stop-1`` (for logging/tests)."""
-        remaining = self._stream().advanced(self._cursor.consumed)
-        splits, positions = remaining.slice(start, stop)
-        return list(zip(splits.tolist(), positions.tolist()))
+        lease: list[weakref.ref[Iterator[Any]]] = []
+        batches = self._batches(lease, batch_size, collate_fn)
+        lease.append(weakref.ref(batches))
+        return batches
 
 
-def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
-            ) -> tuple[Any, int, int]:
-    """One assembled batch as the trainer receives it, its Arrow bytes and skipped count.
-
-    Arrow payloads only come with a ``collate_fn``: without one the reader already made
-    ``Columns`` (``_read_batches(as_tensors=True)``).
-    """
-    if isinstance(payload, list):
-        kept, skipped = delivered(payload)
-        if not kept:
-            return [], 0, skipped
-        if collate_fn is None:
-            from torch.utils.data import default_collate
-
-            return default_collate(kept), 0, skipped
-        return collate_fn(kept), 0, skipped
-    if isinstance(payload, Columns):
-        return payload.data, payload.nbytes, 0
-    assert collate_fn is not None, "Arrow payloads are read only for a collate_fn"
-    return collate_fn(payload.to_pylist()), payload.nbytes, 0
-
-
-def _ray_is_up() -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and ray.is_initialized()
-
-
-def _policy(transform: Transform | None, on_error: ErrorPolicy, fill_value: Any
-            ) -> TransformPolicy | None:
-    check_policy(on_error)
-    if transform is None:
-        if on_error != "raise":
-            raise ValueError("on_transform_error needs a transform: without one nothing can fail")
-        return None
-    if not callable(transform):
-        raise TypeError(f"transform must be callable, got {type(transform).__name__}")
-    return TransformPolicy(transform, on_error, fill_value)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .dataset import StreamingDataset, collate
+from .batching import collate
+from .dataset import StreamingDataset
 from .order import RankStream
-from .read import FIRST_READ_ROWS
+from .read import FIRST_READ_ROWS, ChunkResult
+from .reading import every_row
+from .stats import NO_COST, ReadCost
+from .transform import portable_items
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
 
 
@@ -17,8 +22,8 @@ class _Delivered(NamedTuple):
     number: int
     size: int
     data: Any
-    nbytes: int
     skipped: int
+    cost: ReadCost
 
 
 def _identity(x: Any) -> Any:
@@ -43,18 +48,28 @@ class _BatchSource(TravelsByValue, IterableDataset):
         self.stream: RankStream | None = None
         self.group = 1
 
-    def __iter__(self) -> Iterator[list[_Delivered]]:
+    def __iter__(self) -> Iterator[Any]:
         assert self.stream is not None, "StreamingDataLoader starts its source before iterating"
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.dataset._drops:
+            # Which rows survive is known only after their transform: workers read every
+            # k-th read and the trainer interleaves the survivors (and runs the policy).
+            for chunk in self.dataset._read_rows(every_row(self.stream), worker, workers):
+                if isinstance(chunk.payload, list):
+                    chunk.payload = portable_items(chunk.payload)
+                yield chunk
+            return
         size = self.batch_size
         for group in self.dataset._read_batches(self.stream, size * self.group, worker=worker,
                                                 num_workers=workers,
                                                 as_tensors=self.collate_fn is None):
             first = group.index * self.group
             yield [_Delivered(first + j, min(size, group.size - lo),
-                              *collate(group.payload[lo : lo + size], self.collate_fn))
+                              *collate(group.payload[lo : lo + size], self.collate_fn),
+                              NO_COST if j else group.cost)
                    for j, lo in enumerate(range(0, group.size, size))]
+
 
 
 class StreamingDataLoader(DataLoader):
@@ -78,6 +93,13 @@ class StreamingDataLoader(DataLoader):
             raise TypeError(
                 f"StreamingDataLoader requires a lance_ray.StreamingDataset, got "
                 f"{type(dataset).__name__}"
+            )
+        if type(dataset).__iter__ is not StreamingDataset.__iter__:
+            raise TypeError(
+                f"StreamingDataLoader cannot load {type(dataset).__name__}: it overrides "
+                "__iter__, which the loader never calls (it reads the dataset's batches "
+                "itself), so the override would be silently ignored. Iterate the subclass "
+                "with a plain loop, or move its logic into a transform"
             )
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -131,36 +153,65 @@ class StreamingDataLoader(DataLoader):
         return self._streaming_dataset
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        lease: list[weakref.ref[Iterator[Any]]] = []
+        batches = self._run(lease)
+        lease.append(weakref.ref(batches))
+        return batches
+
+    def _run(self, lease: list[weakref.ref[Iterator[Any]]]) -> Iterator[Any]:
         dataset = self._streaming_dataset
-        stream, generation = dataset._begin()
+        stream, generation = dataset._begin(lease[0])
         self._source.stream = stream  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
         self._source.group = max(1, FIRST_READ_ROWS // self._batch_size_samples
                                  ) if self.num_workers else 1
+        dataset._gauge.requested = dataset._gauge.total  # the workers hold the whole plan
         inner = super().__iter__()
-        return self._committed(inner, generation)
-
-    def _committed(self, inner: Iterator[list[_Delivered]], generation: int) -> Iterator[Any]:
-        dataset = self._streaming_dataset
-        expected = 0
         try:
-            for group, wait_s in dataset._timed(inner):
-                for delivered in group:
-                    if delivered.number != expected:
-                        raise RuntimeError(
-                            f"batch {delivered.number} arrived where batch {expected} was "
-                            "due; refusing to commit out-of-order progress"
-                        )
-                    dataset._check_generation(generation)
-                    dataset._delivered(delivered.size, delivered.nbytes, delivered.skipped,
-                                       wait_s, batches=1)
-                    wait_s = 0.0  # the group's wait is booked with its first batch
-                    expected += 1
-                    yield delivered.data
+            if dataset._drops:
+                yield from self._survivors(stream, inner, generation)
+            else:
+                yield from self._committed(inner, generation)
+            dataset._cursor.ended = generation == dataset._cursor.generation
         finally:
             shutdown = getattr(inner, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
+            dataset._end(generation)
+
+    def _survivors(self, stream: RankStream, inner: Iterator[ChunkResult], generation: int
+                   ) -> Iterator[Any]:
+        dataset = self._streaming_dataset
+
+        def received() -> Iterator[ChunkResult]:
+            for chunk in inner:
+                dataset._gauge.received += len(chunk)
+                yield chunk
+
+        survivors = dataset._survivors(stream, received())
+        for out, taken, cost, wait_s in dataset._survivor_batches(
+                survivors, self._batch_size_samples, self._source.collate_fn):
+            dataset._check_generation(generation)
+            dataset._delivered(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
+            yield out
+
+    def _committed(self, inner: Iterator[list[_Delivered]], generation: int) -> Iterator[Any]:
+        dataset = self._streaming_dataset
+        expected = 0
+        for group, wait_s in dataset._timed(inner):
+            dataset._gauge.received += sum(d.size for d in group)
+            for delivered in group:
+                if delivered.number != expected:
+                    raise RuntimeError(
+                        f"batch {delivered.number} arrived where batch {expected} was "
+                        "due; refusing to commit out-of-order progress"
+                    )
+                dataset._check_generation(generation)
+                dataset._delivered(delivered.size, delivered.cost, delivered.skipped,
+                                   wait_s, batches=1)
+                wait_s = 0.0  # the group's wait is booked with its first batch
+                expected += 1
+                yield delivered.data
 
     def __len__(self) -> int:
         n = self._streaming_dataset.samples_remaining

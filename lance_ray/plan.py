@@ -1,22 +1,36 @@
 """The split plan: which rows belong to which split, in which order, for one epoch.
 
 The plan is a pure function of (table version, filter, shuffle, num_splits, shuffle_seed,
-epoch, clump size). Rows are assigned exactly as ``lancedb.streaming.StreamingDataset``
-assigns them, by calling lancedb's own permutation builder on the pinned table version, so
-checkpoints and sample order are interchangeable with the reference.
+epoch, clump size, plan mode). In the default mode (``plan="lancedb"``) rows are assigned
+exactly as ``lancedb.streaming.StreamingDataset`` assigns them, by calling lancedb's own
+permutation builder on the pinned table version, so checkpoints and sample order are
+interchangeable with the reference. ``plan="index"`` (``index_plan``) computes each row's
+shuffled position instead, for tables past the builder's limit.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .index_plan import ComputedSplits
+
+logger = logging.getLogger(__name__)
 
 # The reference derives the per-epoch seed as ``shuffle_seed + epoch * 100003``; keeping the
 # same formula is what makes our order identical to lancedb.streaming's.
 EPOCH_SEED_STRIDE = 100003
+PLAN_MODES = ("lancedb", "index")
+# lancedb 0.40 sorts the permutation in a fixed 100 MB DataFusion pool (LANCE_MEM_POOL_SIZE
+# does not reach it): measured, 2.5M shuffled rows build and 3M fail (full or clumped, 1 to 64
+# splits). Above 3M we refuse at once: the builder takes ~1 min to fail at 100M rows.
+BUILDER_SHUFFLE_LIMIT = "about 2.5M rows"
+BUILDER_SHUFFLE_MAX_ROWS = 3_000_000
 
 
 @dataclass(frozen=True)
@@ -30,10 +44,15 @@ class PlanSpec:
     epoch: int
     shuffle_clump_size: int | None = None
     filter: str | None = None
+    plan: str = "lancedb"  # one of PLAN_MODES
 
     def for_epoch(self, epoch: int) -> PlanSpec:
         """The same plan inputs for another epoch."""
         return PlanSpec(**{**asdict(self), "epoch": epoch})
+
+    def config(self) -> dict[str, Any]:
+        """The fields as a dict, without ``plan`` in the default mode (as before modes)."""
+        return {k: v for k, v in asdict(self).items() if k != "plan" or v != "lancedb"}
 
 
 @dataclass(frozen=True)
@@ -41,15 +60,18 @@ class SplitPlan:
     """Row ids of every split of one epoch: ``row_ids[k]`` is split k in yield order.
 
     ``row_ids`` may hold only a subset of the splits (``first_split`` onwards), which is
-    how a rank keeps just its own part of the plan.
+    how a rank keeps just its own part of the plan. A ``plan="index"`` plan stores no row
+    ids (``row_ids is None``): ``computed`` maps any (split, position) to its row id, so it
+    holds every split at O(num_splits) cost.
     """
 
     spec: PlanSpec
     split_len: int
     total_rows: int
     fingerprint: str
-    row_ids: np.ndarray  # shape (len(owned), split_len), uint64
+    row_ids: np.ndarray | None  # shape (len(owned), split_len), uint64
     first_split: int = 0
+    computed: ComputedSplits | None = None
 
     @property
     def dropped_rows(self) -> int:
@@ -58,6 +80,8 @@ class SplitPlan:
 
     def splits(self, first: int, count: int) -> SplitPlan:
         """The part of this plan holding splits ``first .. first+count-1``."""
+        if self.row_ids is None:
+            return self  # computed: every split costs nothing to hold
         lo = first - self.first_split
         if lo < 0 or lo + count > self.row_ids.shape[0]:
             raise ValueError(
@@ -75,7 +99,15 @@ class SplitPlan:
 
     def rows(self, split: int, positions: np.ndarray) -> np.ndarray:
         """Row ids at ``positions`` of global ``split``."""
-        return self.row_ids[split - self.first_split, positions]
+        positions = np.asarray(positions, dtype=np.int64)
+        return self.rows_at(np.full(positions.shape, split, dtype=np.int64), positions)
+
+    def rows_at(self, splits: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Row ids of the samples at ``positions`` of global ``splits`` (element-wise)."""
+        if self.row_ids is None:
+            assert self.computed is not None
+            return self.computed.row_ids(splits, positions)
+        return self.row_ids[np.asarray(splits) - self.first_split, positions]
 
 
 def positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
@@ -98,8 +130,10 @@ def check_epoch_seed(shuffle_seed: int, epoch: object) -> None:
 
 
 def check_plan_args(*, num_splits: object, shuffle_seed: object, epoch: object,
-                    shuffle_clump_size: object, filter: object) -> int:
+                    shuffle_clump_size: object, filter: object, plan: object = "lancedb") -> int:
     """Validate the plan arguments; returns the seed (drawn at random when None)."""
+    if plan not in PLAN_MODES:
+        raise ValueError(f"plan must be one of {PLAN_MODES}, got {plan!r}")
     positive_int("num_splits", num_splits)
     positive_int("shuffle_clump_size", shuffle_clump_size, allow_none=True)
     if shuffle_seed is None:
@@ -117,7 +151,7 @@ def check_plan_args(*, num_splits: object, shuffle_seed: object, epoch: object,
 def plan_fingerprint(spec: PlanSpec, row_ids: np.ndarray) -> str:
     """A short, stable hash of the plan's inputs and of every planned row id."""
     h = hashlib.sha256()
-    h.update(repr(sorted(asdict(spec).items())).encode())
+    h.update(repr(sorted(spec.config().items())).encode())  # as before plan modes
     h.update(np.ascontiguousarray(row_ids, dtype="<u8").tobytes())
     return h.hexdigest()[:16]
 
@@ -166,6 +200,8 @@ def build_plan(table: Any, spec: PlanSpec, total_rows: int) -> SplitPlan:
     """
     from lancedb.permutation import permutation_builder
 
+    if spec.shuffle and total_rows > BUILDER_SHUFFLE_MAX_ROWS:
+        raise _too_large(spec, total_rows)
     builder = permutation_builder(table)
     if spec.filter is not None:
         builder = builder.filter(spec.filter)
@@ -177,8 +213,28 @@ def build_plan(table: Any, spec: PlanSpec, total_rows: int) -> SplitPlan:
         )
     else:
         builder = builder.split_sequential(fixed=spec.num_splits)
-    perm = builder.execute().to_arrow()
+    try:
+        perm = builder.execute().to_arrow()
+    except RuntimeError as e:
+        if "Not enough memory" not in str(e) and "Resources exhausted" not in str(e):
+            raise
+        logger.debug("lancedb's permutation builder failed: %s", e)
+        raise _too_large(spec, total_rows) from None
     plan = plan_from_permutation(
         spec, perm["row_id"].to_numpy(), perm["split_id"].to_numpy()
     )
     return SplitPlan(plan.spec, plan.split_len, total_rows, plan.fingerprint, plan.row_ids)
+
+
+class PlanTooLargeError(ValueError):
+    """The lancedb-compatible plan cannot be built for this many rows: use ``plan="index"``."""
+
+
+def _too_large(spec: PlanSpec, total_rows: int) -> PlanTooLargeError:
+    return PlanTooLargeError(
+        f"lancedb's permutation builder cannot plan {total_rows:,} rows"
+        f"{' shuffled' if spec.shuffle else ''}: lancedb 0.40 sorts the permutation in a "
+        f"fixed 100 MB memory pool ({BUILDER_SHUFFLE_LIMIT} shuffled; LANCE_MEM_POOL_SIZE "
+        "does not change it). Use plan='index', which computes each row's shuffled position "
+        "(O(num_splits) memory, any table size)"
+    )

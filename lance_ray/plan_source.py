@@ -4,15 +4,20 @@
 ``RayTaskPlans`` builds it in a Ray task (when Ray is up), so the trainer holds only its
 own splits;
 ``coordinator.CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
+Local and Ray-task sources build the next epoch's plan in the background as soon as an
+epoch's plan is handed over, so no epoch after the first waits for its plan.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
-from .plan import PlanSpec, SplitPlan, build_plan
+from .background import BackgroundPlans
+from .index_plan import build_index_plan
+from .plan import PlanSpec, SplitPlan, build_plan, check_epoch_seed
 from .state import PlanIdentity
 from .table import TableRef
 
@@ -36,6 +41,9 @@ class PlanSource(Protocol):
         ...
 
 
+PartKey = tuple[PlanSpec, tuple[int, ...]]
+
+
 class LocalPlans:
     """Builds the full plan in this process and keeps only the owned splits."""
 
@@ -43,9 +51,25 @@ class LocalPlans:
 
     def __init__(self, table: TableRef, rows_after_filter: int):
         self.table, self.rows_after_filter = table, rows_after_filter
+        self.plans: BackgroundPlans[PartKey, tuple[SplitPlan, PlanIdentity]] = \
+            BackgroundPlans(self._build, name="view plan")
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
-        return build_part(self.table, self.rows_after_filter, spec, owned)
+        part = self.plans.get((spec, tuple(owned)))
+        upcoming = next_epoch(spec)
+        if upcoming is not None:
+            self.plans.prefetch((upcoming, tuple(owned)))
+        return part
+
+    def _build(self, key: PartKey) -> tuple[SplitPlan, PlanIdentity]:
+        return build_part(self.table, self.rows_after_filter, key[0], key[1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Builds in flight stay with this process (a DataLoader worker needs none).
+        return {"table": self.table, "rows_after_filter": self.rows_after_filter}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["table"], state["rows_after_filter"])  # type: ignore[misc]
 
     def report(self, rank: int, world_size: int, epoch: int, step: int,
                samples: Sequence[int], positions: Sequence[int]) -> None:
@@ -62,7 +86,10 @@ class RayTaskPlans(LocalPlans):
     lands in the trainer process, whose footprint stays flat as the table grows.
     """
 
-    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
+    def _build(self, key: PartKey) -> tuple[SplitPlan, PlanIdentity]:
+        spec, owned = key
+        if spec.plan == "index":  # O(num_splits): a task would cost more than the plan
+            return super()._build(key)
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -73,11 +100,34 @@ class RayTaskPlans(LocalPlans):
         return ray.get(task.remote(self.table, self.rows_after_filter, spec, list(owned)))
 
 
+def next_epoch(spec: PlanSpec) -> PlanSpec | None:
+    """The spec of the epoch after ``spec``'s, or None if its seed would not be valid."""
+    try:
+        check_epoch_seed(spec.shuffle_seed, spec.epoch + 1)
+    except ValueError:
+        return None
+    return spec.for_epoch(spec.epoch + 1)
+
+
+def plan_for(table: TableRef, spec: PlanSpec, rows_after_filter: int) -> SplitPlan:
+    """The whole plan of ``spec`` in the mode it names."""
+    if spec.plan == "index":
+        return build_index_plan(table.open_lance(), spec)
+    return build_plan(table.open_lancedb(), spec, rows_after_filter)
+
+
 def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
                owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
     """The plan of the contiguous ``owned`` splits, and the whole plan's identity."""
-    full = build_plan(table.open_lancedb(), spec, rows_after_filter)
+    full = plan_for(table, spec, rows_after_filter)
     part = full.splits(owned[0], len(owned))
-    if len(owned) < spec.num_splits:  # a view would keep every other rank's splits alive
-        part = replace(part, row_ids=part.row_ids.copy())
+    if part.row_ids is not None and len(owned) < spec.num_splits:
+        part = replace(part, row_ids=part.row_ids.copy())  # a view keeps all splits alive
     return part, PlanIdentity.of(full)
+
+
+def ray_is_up() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+

@@ -17,6 +17,8 @@ each read is converted to ``convert.Columns`` once, off the consumer's thread.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,13 +29,17 @@ import numpy as np
 import pyarrow as pa
 
 from .convert import to_columns
+from .stats import NO_COST, ReadCost
 from .table import TableRef
-from .transform import TransformPolicy
+from .transform import TransformPolicy, portable_items
 
 logger = logging.getLogger(__name__)
 
 SEQ_COLUMN = "__lance_ray_seq"
 ITEM_COLUMN = "__lance_ray_item"
+# A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
+COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
+INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
 T = TypeVar("T")
 FIRST_READ_ROWS = 4096
 
@@ -55,6 +61,7 @@ class ChunkResult:
 
     seq: int
     payload: Any
+    cost: ReadCost = NO_COST
 
     def __len__(self) -> int:
         return len(self.payload)
@@ -95,13 +102,16 @@ def take_in_order(
     return batch if inverse is None else batch.take(pa.array(inverse))
 
 
-def span_results(spans: Sequence[tuple[int, int]], payload: Any) -> list[ChunkResult]:
-    """One result per span, cut from the rows read for all of them (in span order)."""
+def span_results(spans: Sequence[tuple[int, int]], payload: Any, cost: ReadCost = NO_COST
+                 ) -> list[ChunkResult]:
+    """One result per span, cut from the rows read for all of them (in span order); the
+    read's cost is booked with the first."""
     if len(spans) == 1:
-        return [ChunkResult(spans[0][0], payload)]
-    out, offset = [], 0
+        return [ChunkResult(spans[0][0], payload, cost)]
+    out: list[ChunkResult] = []
+    offset = 0
     for lo, hi in spans:
-        out.append(ChunkResult(lo, payload[offset : offset + hi - lo]))
+        out.append(ChunkResult(lo, payload[offset : offset + hi - lo], NO_COST if out else cost))
         offset += hi - lo
     return out
 
@@ -120,7 +130,10 @@ def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int, threads: int
         while pending:
             yield pending.popleft().result()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        # An abandoned generator may be finalised by the garbage collector on one of the
+        # pool's own threads, which cannot join itself.
+        own = threading.current_thread() in getattr(pool, "_threads", ())
+        pool.shutdown(wait=not own, cancel_futures=True)
 
 
 class LocalReader:
@@ -129,27 +142,32 @@ class LocalReader:
     With ``as_tensors`` (and no transform) each chunk is converted to ``Columns`` there too,
     the reordering to plan order folded into the one copy the conversion makes anyway.
     Two reads run at once (two takes of clumped rows measured 1.5x one), but a transform
-    only ever runs on one thread: user code need not be thread-safe.
+    runs on ``transform_threads`` threads (default one: user code need not be thread-safe).
     """
 
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
-                 prefetch: int = 2):
+                 prefetch: int = 2, transform_threads: int | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors, self.prefetch = as_tensors, prefetch
+        self.transform_threads = transform_threads or 1
 
     def _read(self, req: ChunkRequest) -> list[ChunkResult]:
         payload: Any
-        if self.transform is not None:
-            payload = self.transform(take_in_order(self.table, req.row_ids, self.columns))
-        elif self.as_tensors:
-            payload = to_columns(*take_sorted(self.table, req.row_ids, self.columns))
+        started = time.perf_counter()
+        batch, inverse = take_sorted(self.table, req.row_ids, self.columns)
+        read = time.perf_counter()
+        if self.as_tensors and self.transform is None:
+            payload = to_columns(batch, inverse)
         else:
-            payload = take_in_order(self.table, req.row_ids, self.columns)
-        return span_results(req.spans, payload)
+            payload = batch if inverse is None else batch.take(pa.array(inverse))
+            if self.transform is not None:
+                payload = self.transform(payload)
+        cost = ReadCost(batch.nbytes, read - started, time.perf_counter() - read)
+        return span_results(req.spans, payload, cost)
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
-        threads = 1 if self.transform is not None else 2
+        threads = self.transform_threads if self.transform is not None else 2
         for results in ahead(self._read, requests, self.prefetch, threads):
             yield from results
 
@@ -176,10 +194,15 @@ def _datasource_cls() -> type:
             table, columns = self._table, self._columns
 
             def read() -> Iterator[pa.Table]:
+                started = time.perf_counter()
                 batch = take_in_order(table, chunk.row_ids, columns)
                 seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64)
                                                for lo, hi in chunk.spans]))
-                yield pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
+                out = pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
+                cost = (batch.nbytes, time.perf_counter() - started, 0.0)
+                for name, value in zip(COST_COLUMNS, cost):
+                    out = out.append_column(name, _first_row(value, batch.num_rows))
+                yield out
 
             meta = BlockMetadata(num_rows=len(chunk.row_ids), size_bytes=None,
                                  exec_stats=None, input_files=None)
@@ -195,13 +218,17 @@ class _TransformStage:
         self.transform = transform
 
     def __call__(self, table: pa.Table) -> dict[str, np.ndarray]:
-        seq = table.column(SEQ_COLUMN).to_numpy()
-        data = table.drop_columns([SEQ_COLUMN]).combine_chunks()
+        data = table.drop_columns(list(INTERNAL_COLUMNS)).combine_chunks()
         batch = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist(
             [], schema=data.schema)
+        started = time.perf_counter()
         items = np.empty(batch.num_rows, dtype=object)
-        items[:] = self.transform(batch)
-        return {ITEM_COLUMN: items, SEQ_COLUMN: seq}
+        # Failures travel as data (Ray would wrap a raised exception and lose its type).
+        items[:] = portable_items(self.transform(batch))
+        out = {ITEM_COLUMN: items, **{c: table.column(c).to_numpy() for c in INTERNAL_COLUMNS}}
+        out[COST_COLUMNS[2]] = out[COST_COLUMNS[2]] + _first_row(
+            time.perf_counter() - started, batch.num_rows).to_numpy()
+        return out
 
 
 class RayDataReader:
@@ -213,11 +240,13 @@ class RayDataReader:
 
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
-                 prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None):
+                 prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None,
+                 transform_tasks: int | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors = as_tensors
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = dict(ray_remote_args or {})
+        self.transform_tasks = transform_tasks
 
     def dataset(self, requests: list[ChunkRequest]) -> Any:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
@@ -227,8 +256,11 @@ class RayDataReader:
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:
+            from ray.data import TaskPoolStrategy
+
             ds = ds.map_batches(_TransformStage(self.transform), batch_format="pyarrow",
-                                batch_size=None, zero_copy_batch=True)
+                                batch_size=None, zero_copy_batch=True,
+                                compute=TaskPoolStrategy(size=self.transform_tasks))
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
         return ds
@@ -238,12 +270,18 @@ class RayDataReader:
         cuts = np.flatnonzero(np.diff(seq) != 1) + 1
         spans = [(int(seq[a]), int(seq[b - 1]) + 1)
                  for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(seq)])]
+        nbytes, fetch_s, transform_s = (block.column(c).to_numpy().sum() for c in COST_COLUMNS)
+        started = time.perf_counter()
+        payload: Any
         if self.transform is not None:
-            return span_results(spans, block.column(ITEM_COLUMN).to_pylist())
-        data = block.drop_columns([SEQ_COLUMN])
-        if self.as_tensors:
-            return span_results(spans, to_columns(data))
-        return span_results(spans, data.combine_chunks().to_batches()[0])
+            payload = block.column(ITEM_COLUMN).to_pylist()
+        else:
+            data = block.drop_columns(list(INTERNAL_COLUMNS))
+            payload = to_columns(data) if self.as_tensors else data.combine_chunks(
+                ).to_batches()[0]
+        convert_s = time.perf_counter() - started if self.transform is None else 0.0
+        return span_results(spans, payload, ReadCost(int(nbytes), float(fetch_s),
+                                                     float(transform_s) + convert_s))
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
         reqs = list(requests)
@@ -254,6 +292,14 @@ class RayDataReader:
         for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
                              self.prefetch_batches):
             yield from results
+
+
+def _first_row(value: float, rows: int) -> pa.Array:
+    """``value`` on the first of ``rows`` rows, zeros after it."""
+    out = np.zeros(rows, dtype=np.float64)
+    if rows:
+        out[0] = value
+    return pa.array(out)
 
 
 def read_sizes(chunk_rows: int) -> Iterator[int]:

@@ -80,7 +80,7 @@ class RemoteTableRef(TableRef):
         raise ValueError(
             f"{self!r} is a remote LanceDB table: lance_ray reads it through the LanceDB "
             "API (StreamingDataset), but this operation needs a Lance dataset (a local or "
-            "object-store table): the coordinator, version leases and the CLI"
+            "object-store table): plan='index', the coordinator, version leases and the CLI"
         )
 
     def open_lancedb(self) -> Any:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import storage
+from .jsonio import read_json, write_json_atomic
 from .plan import SplitPlan, rank_splits
 from .storage import StorageOptionsFactory
 
@@ -41,6 +41,7 @@ class PlanIdentity:
     shuffle: bool
     filter: str | None
     shuffle_clump_size: int | None
+    plan: str = "lancedb"  # the plan mode; states record it only when it is not the default
 
     @classmethod
     def of(cls, plan: SplitPlan) -> PlanIdentity:
@@ -55,6 +56,7 @@ class PlanIdentity:
             s.shuffle,
             s.filter,
             s.shuffle_clump_size,
+            s.plan,
         )
 
 
@@ -67,11 +69,17 @@ class Progress:
     world_size: int | None = None  # None: unknown (reference-format state)
     rank: int | None = None  # None: a merged state that covers every split
     global_step: int | None = None
+    lockstep: bool = False  # a rank's state whose other splits follow from its own
 
     @property
     def is_complete(self) -> bool:
         """True when every split's entry is exact (merged, or a 1-rank state)."""
         return self.rank is None or self.world_size == 1
+
+    @property
+    def loadable_anywhere(self) -> bool:
+        """True when any rank of any valid world size may resume from this state alone."""
+        return self.is_complete or self.lockstep
 
 
 def make_state(
@@ -82,6 +90,7 @@ def make_state(
     world_size: int,
     rank: int | None,
     global_step: int | None,
+    lockstep: bool = False,
 ) -> dict[str, Any]:
     """Build a state dict. ``rank=None`` marks a merged state covering every split."""
     extra = {
@@ -99,6 +108,10 @@ def make_state(
         ),
         "global_step": global_step,
     }
+    if lockstep:  # only when set, so lockstep-free states stay exactly format version 1
+        extra["lockstep"] = True
+    if identity.plan != "lancedb":  # lancedb-mode states keep the format unchanged
+        extra["plan"] = identity.plan
     return {
         "shuffle_seed": identity.shuffle_seed,
         "num_splits": identity.num_splits,
@@ -210,7 +223,9 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
         raise ValueError(f"checkpoint rank {rank!r} is not in [0, {world_size})")
     if step is not None and (not _is_int(step) or step < 0):
         raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
-    return Progress(samples, positions, world_size, rank, step)
+    if not isinstance(lockstep := extra.get("lockstep", False), bool):
+        raise ValueError(f"checkpoint lockstep {lockstep!r} must be true or false")
+    return Progress(samples, positions, world_size, rank, step, lockstep and rank is not None)
 
 
 def check_compatible(state: dict, identity: PlanIdentity) -> None:
@@ -225,6 +240,11 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             )
             raise ValueError(f"{key} mismatch: checkpoint has {theirs}, dataset has {ours}; {fix}")
     extra = state.get(EXTRA_KEY)
+    theirs = (extra or {}).get("plan", "lancedb")  # the modes order rows differently
+    if theirs != identity.plan:
+        raise ValueError(f"plan mode mismatch: checkpoint was taken with plan={theirs!r}"
+                         f"{'' if extra else ' (it has no lance_ray identity)'}, dataset uses "
+                         f"plan={identity.plan!r}; construct it with plan={theirs!r}")
     if not extra:
         logger.warning(
             "checkpoint has no lance_ray identity (a lancedb.streaming state?): its table "
@@ -249,7 +269,7 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
 
 def check_loadable_on(progress: Progress, rank: int, world_size: int) -> None:
     """Raise unless one rank's view may resume from ``progress`` without a merge."""
-    if progress.is_complete or progress.rank is None:
+    if progress.loadable_anywhere or progress.rank is None:
         return
     if (progress.rank, progress.world_size) != (rank, world_size):
         raise ValueError(
@@ -269,7 +289,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
     element-wise maximum, as the reference does, with a logged warning.
     """
     if not isinstance(states, list | tuple) or not states:
-        raise ValueError("merge_state_dicts requires a non-empty list of state dicts")
+        raise ValueError("merge_state_dicts requires at least one state dict (a non-empty list)")
     parsed = [parse_state(s) for s in states]
     first = states[0]
     for s in states[1:]:
@@ -301,7 +321,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
 def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     first_extra = states[0][EXTRA_KEY]
     for s in states[1:]:
-        for key in ("table_version", "plan_fingerprint", "shuffle", "filter",
+        for key in ("plan", "table_version", "plan_fingerprint", "shuffle", "filter",
                     "shuffle_clump_size", "split_len"):
             if s[EXTRA_KEY].get(key) != first_extra.get(key):
                 raise ValueError(
@@ -342,38 +362,19 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     samples = [p.samples[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
     positions = [p.positions[k] for k, p in enumerate(owner_of)]  # type: ignore[union-attr]
     for p in parsed:
-        if any(a > b for a, b in zip(p.samples, samples)):
+        # A lockstep state's other splits are derived, not lower bounds: only owners count.
+        if not p.lockstep and any(a > b for a, b in zip(p.samples, samples)):
             raise ValueError(
                 "a state records more progress on a split it does not own than the owner "
                 "does; the states were not taken at the same step"
             )
     merged_extra = {**first_extra, "rank": None, "owned_splits": None,
                     "global_step": parsed[0].global_step}
+    merged_extra.pop("lockstep", None)
     return {**{k: states[0][k] for k in ("shuffle_seed", "num_splits", "epoch")},
             "samples_consumed_per_split": samples,
             "positions_consumed_per_split": positions,
             EXTRA_KEY: merged_extra}
-
-
-# ----------------------------------------------------------------- files (local or URI)
-# The I/O lives in storage.py (pyarrow filesystems, atomic writes, bounded retries); these
-# wrappers keep the public names stable.
-
-def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True,
-                      storage_options: StorageOptionsFactory | None = None) -> None:
-    """Write ``obj`` as JSON to a local path or a URI (``s3://``, ``gs://``, ``az://``,
-    ``file://``) so that readers see the old file or the new one, never half.
-
-    ``fsync=False`` (local files) still survives the writer's process dying (the rename is
-    atomic); only a machine crash can then lose the newest file.
-    """
-    storage.write_json_atomic(path, obj, fsync=fsync, storage_options=storage_options)
-
-
-def read_json(path: str | os.PathLike[str], *,
-              storage_options: StorageOptionsFactory | None = None) -> Any:
-    """Parse a JSON file or object (never pickle), with an error that names it."""
-    return storage.read_json(path, storage_options=storage_options)
 
 
 def save_state(path: str | os.PathLike[str], state: dict, *,

@@ -21,8 +21,10 @@ class ViewStats:
 
     rows: int = 0  # sample slots delivered (skipped samples included)
     batches: int = 0
-    bytes: int = 0  # Arrow bytes delivered (0 for transformed items)
+    bytes: int = 0  # Arrow bytes read for the delivered samples, before any transform
     rows_skipped: int = 0  # samples whose transform failed and that were left out
+    fetch_s: float = 0.0  # read time of the delivered samples (summed over read threads)
+    transform_s: float = 0.0  # transform (or Arrow conversion) time of the same
     wait_s: float = 0.0  # time the consumer waited for data
     last_wait_s: float = 0.0  # ... for the latest batch
     started: float = field(default_factory=time.monotonic)
@@ -45,6 +47,46 @@ def progress_bar(done: int, total: int, width: int = 20) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
+@dataclass(frozen=True)
+class ReadCost:
+    """What reading some rows cost: Arrow bytes, read and transform seconds."""
+
+    nbytes: int = 0
+    fetch_s: float = 0.0
+    transform_s: float = 0.0
+
+    def __add__(self, other: ReadCost) -> ReadCost:
+        return ReadCost(self.nbytes + other.nbytes, self.fetch_s + other.fetch_s,
+                        self.transform_s + other.transform_s)
+
+
+NO_COST = ReadCost()
+
+
+@dataclass
+class Gauge:
+    """Rows of the running iterator by stage, counted by the consumer's thread only.
+
+    ``requested`` rows were handed to the reader (threads or Ray Data), ``received`` came
+    back to the consumer, ``taken`` left the consumer's buffer (yielded, or dropped after a
+    failed transform); ``delivered`` counts the samples yielded.
+    """
+
+    active: bool = False
+    total: int = 0
+    requested: int = 0
+    received: int = 0
+    taken: int = 0
+    delivered: int = 0
+
+    def start(self, total: int) -> None:
+        self.active, self.total = True, total
+        self.requested = self.received = self.taken = self.delivered = 0
+
+    def stop(self) -> None:
+        self.active = False
+
+
 class Meter:
     """Records each delivery: exact counters at once; a log line every ``every_s`` and Ray
     metrics at most once a second (so recording one row at a time stays cheap)."""
@@ -56,13 +98,15 @@ class Meter:
         self._unflushed_rows, self._unflushed_wait = 0, 0.0
         self._metrics: _RayMetrics | None = None
 
-    def record(self, rows: int, nbytes: int, skipped: int, wait_s: float, *, batches: int,
+    def record(self, rows: int, cost: ReadCost, skipped: int, wait_s: float, *, batches: int,
                where: Callable[[], str]) -> None:
         """Count a delivery; ``where`` describes the position, for the periodic log line."""
         s = self.stats
         s.rows += rows
         s.batches += batches
-        s.bytes += nbytes
+        s.bytes += cost.nbytes
+        s.fetch_s += cost.fetch_s
+        s.transform_s += cost.transform_s
         s.rows_skipped += skipped
         s.wait_s += wait_s
         if batches:
@@ -117,3 +161,59 @@ class _RayMetrics:
             self.rows.inc(rows, tags=tags)
         self.wait.observe(wait_s, tags=tags)
         self.rate.set(rate, tags=tags)
+
+
+class ReferenceCounters:
+    """The observability properties of ``lancedb.streaming.StreamingDataset``, read from the
+    consumer's own exact counters (never from reader threads or worker processes)."""
+
+    _meter: Meter
+    _gauge: Gauge
+
+    @property
+    def stats(self) -> ViewStats:
+        """Exact counters of what this view delivered (rows, bytes, waits, skips, rate)."""
+        return self._meter.stats
+
+    @property
+    def bytes_loaded(self) -> int:
+        """Arrow bytes read for the samples delivered so far (before any transform)."""
+        return self._meter.stats.bytes
+
+    @property
+    def fetch_time(self) -> float:
+        """Seconds spent reading the delivered samples, summed over read threads/tasks."""
+        return self._meter.stats.fetch_s
+
+    @property
+    def transform_time(self) -> float:
+        """Seconds spent in the transform (or converting Arrow rows) for the same."""
+        return self._meter.stats.transform_s
+
+    @property
+    def rows_skipped(self) -> int:
+        """Samples left out because their transform failed, over all iterations."""
+        return self._meter.stats.rows_skipped
+
+    @property
+    def consumed_rows(self) -> int:
+        """Samples yielded by the current (or last) iterator."""
+        return self._gauge.delivered
+
+    @property
+    def unscanned_rows(self) -> int:
+        """Rows of the running iterator not yet handed to the reader (0 when idle)."""
+        g = self._gauge
+        return g.total - g.requested if g.active else 0
+
+    @property
+    def raw_queue_depth(self) -> int:
+        """Rows handed to the reader whose data has not reached the consumer (0 when idle)."""
+        g = self._gauge
+        return g.requested - g.received if g.active else 0
+
+    @property
+    def prefetch_queue_depth(self) -> int:
+        """Rows that reached the consumer and are ready to be handed out (0 when idle)."""
+        g = self._gauge
+        return g.received - g.taken if g.active else 0

@@ -167,7 +167,7 @@ def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:
     if num_splits > rows:
         raise ValueError(
             f"num_splits ({num_splits}) is larger than the number of rows ({rows}) after the "
-            "filter; every split needs a row: use fewer splits"
+            "filter; there must be at least 1 row per split: use fewer splits"
         )
     return rows
 

@@ -1,14 +1,25 @@
-"""User transforms, run where the reads run, with a policy for rows whose transform fails.
+"""User transforms, run where the reads run; what to do with rows whose transform fails is
+decided where the samples are consumed.
 
-The policy never changes how many sample slots a batch has: a failed row is either
-replaced (``"fill"``) or marked :class:`Skipped` and left out of the delivered batch while
-its slot still counts as consumed. So every rank yields the same number of steps whatever
-fails where (synchronous DDP cannot hang), and checkpoints stay exact.
+Where the reads run (a Ray task, a read thread, a DataLoader worker) a failure is only
+recorded: :class:`Failed` for one row (the batch is retried row by row first, so
+transforms must be deterministic), :class:`BatchFailed` for a batch under ``"raise"`` or a
+broken one-item-per-row contract. The consumer then applies the policy
+(:meth:`TransformPolicy.resolve`), so the user's exception keeps its type and message
+through Ray and a callable handler runs in the consumer's process.
+
+Policies: ``"raise"``; ``"skip"``, ``"warn"`` or ``callable(exc) -> bool`` (True skips) drop a
+failed row from its split as ``lancedb.streaming`` does (the split's next row takes its
+place; see ``survivors``); ``"keep_slot"`` leaves it out of its batch but counts its slot,
+so every rank yields the same number of steps (:class:`Skipped`); ``"fill"`` delivers
+``fill_value`` in its place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +30,11 @@ logger = logging.getLogger(__name__)
 
 Transform = Callable[[pa.RecordBatch], Sequence[Any]]
 ErrorPolicy = str | Callable[[Exception], bool]
-POLICIES = ("raise", "skip", "warn", "fill")
+POLICIES = ("raise", "skip", "warn", "fill", "keep_slot")
 
 
 class Skipped:
-    """Stands in for a sample whose transform failed under ``"skip"``/``"warn"``."""
+    """Stands in for a sample left out under ``"keep_slot"`` (its slot still counts)."""
 
     __slots__ = ("error",)
 
@@ -32,6 +43,40 @@ class Skipped:
 
     def __repr__(self) -> str:
         return f"Skipped({self.error!r})"
+
+
+class Failed:
+    """A row whose transform raised ``error``; the consumer applies the policy."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class BatchFailed(Failed):
+    """The transform of a whole read failed and must be raised when the read is due."""
+
+
+def portable(error: BaseException) -> BaseException:
+    """``error`` if it survives pickling (to cross a process), else a RuntimeError
+    carrying its type and message."""
+    pickler: Any = pickle
+    with contextlib.suppress(ImportError):  # what Ray itself pickles with, when it is there
+        from ray import cloudpickle as pickler
+    try:
+        pickler.loads(pickler.dumps(error))
+        return error
+    except Exception:
+        out = RuntimeError(f"{type(error).__qualname__}: {error}")
+        out.add_note("lance_ray: the transform's exception cannot be pickled, so it was "
+                     "re-raised as this RuntimeError")
+        return out
+
+
+def portable_items(items: list[Any]) -> list[Any]:
+    """``items`` ready to cross a process: failures carry picklable exceptions."""
+    return [type(x)(portable(x.error)) if isinstance(x, Failed) else x for x in items]
 
 
 def check_policy(on_error: object) -> None:
@@ -52,8 +97,9 @@ def _items(out: object, rows: int) -> list[Any]:
     if len(items) != rows:
         raise ValueError(
             f"transform returned {len(items)} items for a batch of {rows} rows; a transform "
-            "must return exactly one item per input row (filter rows with the `filter` "
-            "argument instead of dropping them in the transform)"
+            "must return exactly one item per input row (one output row per input row): "
+            "filter rows with the `filter` argument, or raise in the transform and use "
+            "on_transform_error='skip'"
         )
     return items
 
@@ -66,26 +112,78 @@ class TransformPolicy:
     on_error: ErrorPolicy = "raise"
     fill_value: Any = None
 
+    @property
+    def drops_rows(self) -> bool:
+        """True when a failed row leaves its split (the reference's skip semantics)."""
+        return self.on_error in ("skip", "warn") or callable(self.on_error)
+
     def __call__(self, batch: pa.RecordBatch) -> list[Any]:
+        """One item per row, failures recorded (never raised): runs where reads run."""
         try:
-            out = self.transform(batch)
-        except Exception:
-            if self.on_error == "raise":
-                raise
-            # Find the failing rows one at a time; transforms must therefore be deterministic.
-            return [self._one(batch.slice(i, 1)) for i in range(batch.num_rows)]
-        return _items(out, batch.num_rows)  # a broken contract is never skipped
+            try:
+                out = self.transform(batch)
+            except Exception:
+                if self.on_error == "raise":
+                    raise
+                return [self._one(batch.slice(i, 1)) for i in range(batch.num_rows)]
+            return _items(out, batch.num_rows)  # a broken contract is never skipped
+        except Exception as e:
+            return [BatchFailed(e)] + [None] * (batch.num_rows - 1)
 
     def _one(self, row: pa.RecordBatch) -> Any:
         try:
             out = self.transform(row)
         except Exception as e:
-            if callable(self.on_error) and not self.on_error(e):
-                raise
-            if self.on_error == "warn":
-                logger.warning("transform failed on a row, skipping it: %r", e)
-            return self.fill_value if self.on_error == "fill" else Skipped(repr(e))
+            return Failed(e)
         return _items(out, 1)[0]
+
+    def resolve(self, items: list[Any], where: Callable[[int, int], str]) -> list[Any]:
+        """Apply the policy to one read's items, in the consumer's process.
+
+        Raises the transform's own exception (with a note from ``where(start, stop)``, the
+        rows it came from) under ``"raise"``, for a broken contract, or when a callable
+        handler returns False. Failed rows become ``fill_value``, :class:`Skipped`
+        (``"keep_slot"``) or stay :class:`Failed` (dropped later by the interleaver).
+        """
+        if items and isinstance(items[0], BatchFailed):
+            raise _noted(items[0].error, where(0, len(items)))
+        failed = [i for i, x in enumerate(items) if isinstance(x, Failed)]
+        if not failed:
+            return items
+        if callable(self.on_error):
+            for i in failed:
+                error = items[i].error
+                if not self.on_error(error):  # type: ignore[operator]
+                    raise _noted(error, where(i, i + 1))
+        if self.on_error == "warn":
+            logger.warning("Skipped %d of %d rows whose transform failed (first error: %r)",
+                           len(failed), len(items), items[failed[0]].error)
+        out = list(items)
+        for i in failed:
+            if self.on_error == "fill":
+                out[i] = self.fill_value
+            elif self.on_error == "keep_slot":
+                out[i] = Skipped(repr(items[i].error))
+        return out
+
+
+def _noted(error: BaseException, note: str) -> BaseException:
+    if note not in getattr(error, "__notes__", ()):
+        error.add_note(note)
+    return error
+
+
+def make_policy(transform: Transform | None, on_error: ErrorPolicy, fill_value: Any
+                ) -> TransformPolicy | None:
+    """Validate the transform arguments of a view."""
+    check_policy(on_error)
+    if transform is None:
+        if on_error != "raise":
+            raise ValueError("on_transform_error needs a transform: without one nothing can fail")
+        return None
+    if not callable(transform):
+        raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+    return TransformPolicy(transform, on_error, fill_value)
 
 
 def delivered(items: list[Any]) -> tuple[list[Any], int]:

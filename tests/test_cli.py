@@ -32,8 +32,15 @@ def dataset(table, *, rank: int = 0, world_size: int = 1, **kw) -> lance_ray.Str
                                       world_size=world_size, reader="local", **kw)
 
 
-def state_after_one_batch(table, *, rank: int = 0, world_size: int = 1) -> dict:
-    ds = dataset(table, rank=rank, world_size=world_size)
+def rows_of(batch):
+    return batch.to_pylist()
+
+
+def state_after_one_batch(table, *, rank: int = 0, world_size: int = 1,
+                          lockstep: bool = True) -> dict:
+    # Dropping failed rows makes a rank's progress say nothing about the other ranks'.
+    kw = {} if lockstep else {"transform": rows_of, "on_transform_error": "skip"}
+    ds = dataset(table, rank=rank, world_size=world_size, **kw)
     next(ds.iter_batches(BATCH))
     return ds.state_dict()
 
@@ -45,7 +52,8 @@ def rank_files(table_1k, tmp_path_factory) -> list[Path]:
     paths = []
     for rank in range(2):
         path = root / f"rank{rank}.json"
-        save_state(path, state_after_one_batch(table_1k, rank=rank, world_size=2))
+        save_state(path, state_after_one_batch(table_1k, rank=rank, world_size=2,
+                                               lockstep=False))
         paths.append(path)
     return paths
 
@@ -70,6 +78,20 @@ def test_inspect_json_of_one_ranks_state_says_it_must_be_merged_first(capsys, ra
     # 16 samples round-robin over the 4 owned splits; the others hold the zero lower bound.
     assert s["samples_consumed_per_split"] == [4, 4, 4, 4, 0, 0, 0, 0]
     assert s["owned_consumed"] == s["total_consumed"] == BATCH
+
+
+def test_inspect_of_a_lockstep_rank_state_says_it_resumes_anywhere(capsys, table_1k,
+                                                                    tmp_path):
+    path = tmp_path / "rank1.json"
+    save_state(path, state_after_one_batch(table_1k, rank=1, world_size=2))
+    code, out, err = run(capsys, "inspect", str(path), "--json")
+    s = json.loads(out)
+    assert (code, s["kind"], s["must_merge"], s["owned_splits"]) == (0, "lockstep", False,
+                                                                     [4, 5, 6, 7])
+    assert s["resumable_world_sizes"] == [1, 2, 4, 8]
+    assert s["samples_consumed_per_split"] == [4] * 8  # 16 samples per rank, 4 splits each
+    code, out, _ = run(capsys, "inspect", str(path))
+    assert code == 0 and "lockstep" in out
 
 
 def test_inspect_text_and_png_of_a_one_rank_state(capsys, table_1k, tmp_path):
@@ -162,6 +184,17 @@ def test_plan_without_shuffle(capsys, table_1k):
     code, out, _ = run(capsys, "plan", table_1k.to_lance().uri, "--num-splits", "8",
                        "--no-shuffle")
     assert code == 0 and "sequential" in out and "1, 2, 4, 8" in out
+
+
+def test_plan_in_index_mode_reports_the_fingerprint_the_dataset_checks(capsys, table_1k):
+    code, out, err = run(capsys, "plan", table_1k.to_lance().uri, "--num-splits", "6",
+                         "--plan", "index", "--clump-size", "8", "--json")
+    assert (code, err) == (0, "")
+    p = json.loads(out)
+    assert (p["plan"], p["split_len"], p["dropped_rows"]) == ("index", 166, 4)
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=6, shuffle_clump_size=8,
+                                    plan="index", reader="local")
+    assert p["plan_fingerprint"] == ds.identity.plan_fingerprint
 
 
 # ----------------------------------------------------------------------- merge

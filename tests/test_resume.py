@@ -1,6 +1,7 @@
 """Resume, elasticity and epoch invariants of ``lance_ray.StreamingDataset``.
 
-Every property runs the real datasets (``reader="local"``) over real Lance tables:
+Every property runs the real datasets (``reader="local"``) over real Lance tables, in both
+plan modes (``plan_args`` draws ``plan="lancedb"`` or ``plan="index"``):
 
 * a checkpoint merged from every rank, resumed on any world size, loses and repeats nothing;
 * with a global batch that is a multiple of ``num_splits`` the sample set of every global
@@ -30,6 +31,7 @@ from hypothesis import strategies as st
 
 import lance_ray
 from lance_ray import StreamingDataLoader, merge_state_dicts, valid_world_sizes
+from lance_ray.plan import PLAN_MODES
 
 TABLES = ((37, 1), (250, 2), (1000, 3))
 FILTERS = (None, "id % 3 != 0", "x < 100")
@@ -59,6 +61,7 @@ def plan_args(draw: st.DrawFn) -> tuple[tuple[int, int], dict[str, Any]]:
         "shuffle_clump_size": draw(st.one_of(st.none(), st.integers(1, 64))),
         "filter": draw(st.sampled_from(FILTERS)),
         "read_batch_size": draw(st.integers(16, 300)),
+        "plan": draw(st.sampled_from(PLAN_MODES)),
     }
     return table, kw
 

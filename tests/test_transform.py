@@ -1,5 +1,5 @@
-"""Transforms that fail: skipped or filled samples keep every rank in lockstep and keep
-checkpoints exact; and the view's counters are exact."""
+"""Transforms that fail: under "keep_slot" or "fill" every rank stays in lockstep and
+checkpoints stay exact; errors keep their type; and the view's counters are exact."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ def ids_unless_bad(batch: pa.RecordBatch) -> list[int]:
     return ids
 
 
-def make(table, rank=0, world_size=2, on_error="skip", **kw):
+def make(table, rank=0, world_size=2, on_error="keep_slot", **kw):
     return lance_ray.StreamingDataset(table, num_splits=8, rank=rank, world_size=world_size,
                                       transform=ids_unless_bad, on_transform_error=on_error,
                                       reader="local", read_batch_size=50, **kw)
 
 
-def test_skipped_samples_keep_every_rank_at_the_same_number_of_steps(table_1k):
+def test_keep_slot_keeps_every_rank_at_the_same_number_of_steps(table_1k):
     per_rank = [list(make(table_1k, r).iter_batches(16, collate_fn=list)) for r in range(2)]
     assert len(per_rank[0]) == len(per_rank[1]) == 1000 // 8 * 8 // 2 // 16 + 1
     got = sorted(i for batches in per_rank for b in batches for i in b)
@@ -33,12 +33,15 @@ def test_skipped_samples_keep_every_rank_at_the_same_number_of_steps(table_1k):
     assert got == [i for i in planned if i % 7 != 3]
 
 
-def test_skip_counts_are_exact_and_resume_is_exact(table_1k):
+def test_keep_slot_counts_are_exact_and_resume_is_exact(table_1k):
     ds = make(table_1k)
     it = ds.iter_batches(16, collate_fn=list)
     before = [i for _ in range(10) for i in next(it)]
     state = ds.state_dict()
-    assert sum(state["samples_consumed_per_split"]) == 160  # slots, skipped ones included
+    # Rank 0 owns splits 0-3: 160 slots, skipped ones included (and, in lockstep, rank 1's
+    # splits follow from them: failed rows keep their slots).
+    assert sum(state["samples_consumed_per_split"][:4]) == 160
+    assert state["lance_ray"]["lockstep"] is True
     assert ds.stats.rows == 160 and ds.stats.batches == 10
     assert ds.stats.rows_skipped == 160 - len(before)
     again = make(table_1k)
@@ -66,12 +69,12 @@ def test_a_transform_breaking_the_one_item_per_row_contract_is_never_skipped():
     policy = TransformPolicy(lambda b: [1], "skip")
     batch = pa.RecordBatch.from_pydict({"id": [1, 2]})
     with pytest.raises(ValueError, match="one item per input row"):
-        policy(batch)
+        policy.resolve(policy(batch), lambda lo, hi: "")
 
 
-def test_skip_works_through_ray_data_tasks(ray_session, table_1k):
+def test_keep_slot_works_through_ray_data_tasks(ray_session, table_1k):
     ds = lance_ray.StreamingDataset(table_1k, num_splits=8, transform=ids_unless_bad,
-                                    on_transform_error="skip", read_batch_size=100)
+                                    on_transform_error="keep_slot", read_batch_size=100)
     rows = list(ds)
     assert rows and all(r % 7 != 3 for r in rows)
     assert ds.stats.rows_skipped == 1000 // 8 * 8 - len(rows)

@@ -29,7 +29,8 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
     """Everything ``inspect`` reports about a checkpoint state, as plain JSON-able data.
 
     ``kind`` is ``"rank"`` (one rank's own state of a multi-rank run: exact on its owned
-    splits only), ``"merged"`` (covers every split: a merged state or a 1-rank run's state)
+    splits only), ``"lockstep"`` (one rank's state whose other splits follow from its own:
+    resumable anywhere), ``"merged"`` (covers every split: a merged state or a 1-rank run's state)
     or ``"unknown"`` (a ``lancedb.streaming`` reference-format state, whose owners are not
     recorded). Raises ``ValueError``/``TypeError`` for an invalid state.
     """
@@ -42,7 +43,7 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
     if not extra:
         kind = "unknown"
     elif progress.rank is not None and not progress.is_complete:
-        kind = "rank"
+        kind = "lockstep" if progress.lockstep else "rank"
         owned = rank_splits(progress.rank, progress.world_size or 1, num_splits)
     else:
         kind = "merged"
@@ -56,6 +57,10 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
                 f"only rank {progress.rank} of {progress.world_size} can resume from it as is; "
                 f"merge the states of all {progress.world_size} ranks (saved at the same step) "
                 f"first, then resume on any of: {sizes_text}")
+    elif kind == "lockstep":
+        resumable = sizes
+        note = (f"any of: {sizes_text} (rank {progress.rank}'s own state: the other ranks' "
+                "splits follow from its own, as every rank delivered as many samples)")
     elif kind == "unknown":
         resumable = sizes
         note = (f"any of: {sizes_text} (reference-format state: if it is one rank's state of a "
@@ -83,6 +88,7 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
         "shuffle": extra.get("shuffle"),
         "filter": extra.get("filter"),
         "shuffle_clump_size": extra.get("shuffle_clump_size"),
+        "plan": extra.get("plan", "lancedb") if extra else None,
         "global_step": progress.global_step,
         "samples_consumed_per_split": samples,
         "positions_consumed_per_split": positions,
@@ -101,6 +107,9 @@ def _kind_text(s: dict[str, Any]) -> str:
     if s["kind"] == "rank":
         return (f"single rank: rank {s['rank']} of a {s['world_size']}-rank run "
                 f"(exact on its splits {ranges(s['owned_splits'])} only)")
+    if s["kind"] == "lockstep":
+        return (f"lockstep: rank {s['rank']} of a {s['world_size']}-rank run; the other "
+                "ranks' splits follow from its own")
     if s["kind"] == "merged":
         if s["world_size"] == 1:
             return "complete: the state of a 1-rank run (covers every split)"

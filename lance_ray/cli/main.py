@@ -56,6 +56,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--filter", default=None, metavar="SQL", help="SQL row filter")
     p.add_argument("--table-version", type=int, default=None, metavar="V",
                    help="table version (default: the current one)")
+    p.add_argument("--plan", choices=("lancedb", "index"), default="lancedb",
+                   help="plan mode (index: computed, for tables past lancedb's builder limit)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("status", parents=[common], help="progress of a running coordinator",

@@ -64,42 +64,46 @@ def describe_plan(
     shuffle_clump_size: int | None = None,
     filter: str | None = None,
     table_version: int | None = None,
+    plan: str = "lancedb",
 ) -> dict[str, Any]:
     """Build the plan a ``StreamingDataset`` with these arguments would read, and describe it.
 
     Raises ``ValueError`` for invalid arguments, a missing table or version, or a bad filter.
     """
-    from ..plan import PlanSpec, build_plan, check_plan_args
+    from ..plan import PlanSpec, check_plan_args
+    from ..plan_source import plan_for
     from ..table import count_rows, resolve_table
 
     seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed, epoch=epoch,
-                           shuffle_clump_size=shuffle_clump_size, filter=filter)
+                           shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan)
     try:
         ref = resolve_table(table, version=table_version)
     except ValueError as e:
         raise ValueError(f"{e}{_no_dataset_hint(table)}") from e
     rows = count_rows(ref, filter, num_splits)
-    spec = PlanSpec(ref.version, num_splits, shuffle, seed, epoch, shuffle_clump_size, filter)
-    plan = build_plan(ref.open_lancedb(), spec, rows)
+    spec = PlanSpec(ref.version, num_splits, shuffle, seed, epoch, shuffle_clump_size, filter,
+                    plan)
+    built = plan_for(ref, spec, rows)
     out: dict[str, Any] = {
+        "plan": plan,
         "table": ref.uri,
         "table_version": ref.version,
         "filter": filter,
         "rows": rows,
         "num_splits": num_splits,
-        "split_len": plan.split_len,
-        "epoch_rows": plan.split_len * num_splits,
-        "dropped_rows": plan.dropped_rows,
+        "split_len": built.split_len,
+        "epoch_rows": built.split_len * num_splits,
+        "dropped_rows": built.dropped_rows,
         "shuffle": shuffle,
         "shuffle_seed": seed,
         "epoch": epoch,
         "shuffle_clump_size": shuffle_clump_size,
         "valid_world_sizes": valid_world_sizes(num_splits),
-        "plan_fingerprint": plan.fingerprint,
+        "plan_fingerprint": built.fingerprint,
         "clumps": None,
     }
-    if shuffle_clump_size is not None and shuffle:
-        out["clumps"] = _clump_stats(ref, plan, rows, shuffle_clump_size, filter)
+    if shuffle_clump_size is not None and shuffle and built.row_ids is not None:
+        out["clumps"] = _clump_stats(ref, built, rows, shuffle_clump_size, filter)
     return out
 
 
@@ -115,6 +119,7 @@ def print_plan(p: dict[str, Any]) -> None:
         ("split_len", f"{p['split_len']} (epoch rows {p['epoch_rows']})"),
         ("dropped tail", f"{p['dropped_rows']} rows per epoch (rows mod num_splits)"),
         ("order", order),
+        ("plan mode", p["plan"]),
         ("world sizes", ", ".join(map(str, p["valid_world_sizes"]))),
         ("fingerprint", p["plan_fingerprint"]),
     ]
@@ -138,7 +143,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     p = describe_plan(args.table, num_splits=args.num_splits, shuffle=not args.no_shuffle,
                       shuffle_seed=args.shuffle_seed, epoch=args.epoch,
                       shuffle_clump_size=args.clump_size, filter=args.filter,
-                      table_version=args.table_version)
+                      table_version=args.table_version, plan=args.plan)
     if args.json:
         emit_json(p)
     else:

@@ -1,0 +1,325 @@
+"""How a view turns its stream into delivered samples: readers, counters, the transform
+policy applied where samples are consumed, and the survivor order when failed rows drop.
+
+A mixin of ``StreamingDataset`` (it uses the view's plan, cursor, meter and gauge); the
+order and the bookkeeping themselves live in pure modules (``order``, ``survivors``,
+``cursor``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from torch.utils.data import get_worker_info
+
+from .batching import Batch, assemble, collate, requests_for, selected_batches
+from .compat import current_worker, worker_share
+from .order import RankStream
+from .read import FIRST_READ_ROWS, ChunkRequest, ChunkResult, LocalReader, RayDataReader
+from .stats import NO_COST, ReadCost, progress_bar
+from .survivors import Interleaver
+from .transform import Failed, Skipped
+
+if TYPE_CHECKING:
+    from .compat import ReferenceOptions
+    from .cursor import Cursor
+    from .plan import PlanSpec, SplitPlan
+    from .stats import Gauge, Meter
+    from .table import TableRef
+    from .transform import TransformPolicy
+
+logger = logging.getLogger("lance_ray.dataset")
+T = TypeVar("T")
+CONCURRENT = ("StreamingDataset does not support concurrent iteration: only one active "
+              "iterator per dataset instance is allowed. Exhaust or close() the running "
+              "iterator (or call load_state_dict()/set_epoch()) before starting another")
+Survivor = tuple[int, int, Any, ReadCost]  # split, position, item, cost booked with it
+
+
+def every_row(stream: RankStream) -> RankStream:
+    """Every row not yet read of ``stream``'s splits: what a view reads when failed rows
+    drop out (which rows survive is known only after their transform)."""
+    return RankStream(stream.splits, stream.positions, stream.positions, stream.split_len)
+
+
+class Reading:
+    """Reading and delivering, for :class:`~lance_ray.dataset.StreamingDataset`."""
+
+    _options: ReferenceOptions
+    _reader_kind: str
+    _table: TableRef
+    _columns: list[str] | None
+    _transform: TransformPolicy | None
+    _prefetch_batches: int
+    _read_batch_size: int
+    _ray_remote_args: dict[str, Any] | None
+    _plan: SplitPlan
+    _spec: PlanSpec
+    _owned: list[int]
+    _rank: int
+    _cursor: Cursor
+    _meter: Meter
+    _gauge: Gauge
+    _lease: weakref.ref[Iterator[Any]] | None
+    _untracked: Any
+
+    # Provided by StreamingDataset.
+    @property
+    def samples_remaining(self) -> int:
+        raise NotImplementedError
+
+    def _commit(self, samples: int, batches: int = 0) -> None:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _reader(self, in_worker: bool, as_tensors: bool
+                ) -> LocalReader | RayDataReader:
+        threads = self._options.transform_parallelism
+        if self._reader_kind == "local" or in_worker:
+            return LocalReader(self._table, self._columns, self._transform,
+                               as_tensors=as_tensors, prefetch=self._prefetch_batches,
+                               transform_threads=threads)
+        return RayDataReader(self._table, self._columns, self._transform,
+                             as_tensors=as_tensors, prefetch_batches=self._prefetch_batches,
+                             ray_remote_args=self._ray_remote_args, transform_tasks=threads)
+
+    def _chunks(self, stream: RankStream, requests: Iterator[ChunkRequest],
+                in_worker: bool, as_tensors: bool) -> Iterator[ChunkResult]:
+        """The reads of ``requests``, counted by the consumer as they are asked for and
+        come back."""
+        gauge = self._gauge
+
+        def asked() -> Iterator[ChunkRequest]:
+            for request in requests:
+                gauge.requested += len(request.row_ids)
+                yield request
+
+        for chunk in self._reader(in_worker, as_tensors).iter_chunks(asked()):
+            gauge.received += len(chunk)
+            yield chunk
+
+    def _resolved(self, stream: RankStream, chunk: ChunkResult
+                  ) -> ChunkResult:
+        """``chunk`` with the transform policy applied (here, in the consuming process)."""
+        if self._transform is None or not isinstance(chunk.payload, list):
+            return chunk
+
+        def where(lo: int, hi: int) -> str:
+            splits, positions = stream.slice(chunk.seq + lo, chunk.seq + hi)
+            rows = list(zip(splits.tolist(), positions.tolist()))
+            more = f" and {len(rows) - 4} more" if len(rows) > 4 else ""
+            return (f"lance_ray: raised by the transform on (split, position) "
+                    f"{rows[:4]}{more} of table version {self._table.version}")
+
+        return ChunkResult(chunk.seq, self._transform.resolve(chunk.payload, where),
+                           chunk.cost)
+
+    def _read_batches(self, stream: RankStream, batch_size: int, *,
+                      worker: int = 0, num_workers: int = 1, as_tensors: bool = False
+                      ) -> Iterator[Batch]:
+        """The batches of ``stream`` this process makes, read and assembled in order.
+
+        ``as_tensors``: payloads are ``Columns`` (unless a transform makes items).
+        """
+        wanted = selected_batches(len(stream), batch_size, worker, num_workers)
+        requests = requests_for(self._plan, stream, [(lo, hi) for _, lo, hi in wanted],
+                                self._read_batch_size)
+        in_worker = get_worker_info() is not None or num_workers > 1
+        chunks = self._chunks(stream, requests, in_worker, as_tensors)
+        return assemble((self._resolved(stream, c) for c in chunks), wanted)
+
+    def _read_rows(self, rows: RankStream, worker: int = 0,
+                   num_workers: int = 1) -> Iterator[ChunkResult]:
+        """Reads ``worker, worker + num_workers, ...`` of ``rows``, policy not yet applied."""
+        requests = requests_for(self._plan, rows, [(0, len(rows))], self._read_batch_size)
+        mine = itertools.islice(requests, worker, None, num_workers)
+        in_worker = get_worker_info() is not None or num_workers > 1
+        return self._chunks(rows, mine, in_worker, as_tensors=False)
+
+    def _survivors(self, stream: RankStream,
+                   chunks: Iterator[ChunkResult]) -> Iterator[Survivor]:
+        """The samples of ``stream`` when failed rows drop out of their splits, from the
+        reads of ``every_row(stream)`` in order."""
+        rows = every_row(stream)
+        order = Interleaver(stream.splits, stream.samples, stream.positions, stream.split_len)
+        for chunk in chunks:
+            chunk = self._resolved(rows, chunk)
+            splits, positions = rows.slice(chunk.seq, chunk.seq + len(chunk))
+            before = order.dropped
+            for split, position, item in zip(splits.tolist(), positions.tolist(),
+                                             chunk.payload):
+                order.feed(split, position, item, isinstance(item, Failed))
+            dropped = order.dropped - before
+            self._gauge.taken += dropped
+            self._meter.record(0, NO_COST, dropped, 0.0, batches=0, where=self._where)
+            cost = chunk.cost
+            for split, position, item in order.ready():
+                yield split, position, item, cost
+                cost = NO_COST
+            if order.finished:
+                return
+
+    def _timed(self, batches: Iterator[T]) -> Iterator[tuple[T, float]]:
+        """Each batch with the time the consumer waited for it."""
+        while True:
+            started = time.monotonic()
+            batch = next(batches, None)
+            if batch is None:
+                return
+            yield batch, time.monotonic() - started
+
+    def _delivered(self, size: int, cost: ReadCost, skipped: int,
+                   wait_s: float, *, batches: int,
+                   survivors: list[tuple[int, int]] | None = None) -> None:
+        """Commit ``size`` sample slots (or exactly the ``survivors``) as consumed."""
+        if survivors is not None:
+            self._cursor.take(survivors)
+        self._commit(size if survivors is None else 0, batches=batches)
+        self._gauge.taken += size
+        self._gauge.delivered += size - skipped
+        self._meter.record(size, cost, skipped, wait_s, batches=batches, where=self._where)
+
+    def _where(self) -> str:
+        left = self.samples_remaining
+        done = len(self) - left
+        rate = self._meter.stats.rows_per_s
+        eta = f", ETA {left / rate:.0f}s" if rate > 0 else ""
+        return (f"epoch {self._spec.epoch} {progress_bar(done, len(self))} {done}/{len(self)} "
+                f"samples ({100.0 * done / max(len(self), 1):.1f}%{eta})")
+
+    def _survivor_batches(self, survivors: Iterator[Survivor],
+                          batch_size: int, collate_fn: Callable[[list[Any]], Any] | None
+                          ) -> Iterator[tuple[Any, list[tuple[int, int]], ReadCost, float]]:
+        """Batches of ``batch_size`` surviving samples: (collated, their (split, position)
+        pairs, cost, wait)."""
+        from torch.utils.data import default_collate
+
+        timed = self._timed(survivors)
+        while True:
+            items, taken, cost, wait = [], [], NO_COST, 0.0
+            for (split, position, item, c), w in itertools.islice(timed, batch_size):
+                items.append(item)
+                taken.append((split, position))
+                cost, wait = cost + c, wait + w
+            if not items:
+                return
+            yield (collate_fn or default_collate)(items), taken, cost, wait
+
+    def _begin(self, lease: weakref.ref[Iterator[Any]] | None = None
+               ) -> tuple[RankStream, int]:
+        """Start iterator ``lease``: refuse a second live iterator, move to the next epoch
+        if this view itself read this one to its end, then a fresh generation.
+
+        Only the view's own reading moves it on: a state just loaded in which this rank's
+        splits are complete (other ranks may still be reading the epoch) yields nothing.
+        """
+        active = self._lease() if self._lease is not None else None
+        if active is not None and getattr(active, "gi_frame", None) is not None and (
+                lease is None or active is not lease()):
+            raise RuntimeError(CONCURRENT)
+        c = self._cursor
+        if c.ended or (self.samples_remaining == 0 and c.consumed > 0):
+            logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
+                        self._spec.epoch, self._rank, self._spec.epoch + 1)
+            self.set_epoch(self._spec.epoch + 1)
+        elif self.samples_remaining == 0:
+            logger.info("rank %d has no samples left in epoch %d; call set_epoch(%d) to "
+                        "start the next one", self._rank, self._spec.epoch,
+                        self._spec.epoch + 1)
+        worker, real = current_worker(self._options.worker_info_override)
+        if real and lease is not None:  # a plain DataLoader worker: the trainer cannot know
+            self._untracked[0] = 1
+        stream = self._cursor.rebase(worker_share(self._owned, worker))
+        self._cursor.generation += 1
+        self._lease = lease
+        self._gauge.start(len(every_row(stream) if self._drops else stream))
+        return stream, self._cursor.generation
+
+    def _end(self, generation: int) -> None:
+        """An iterator of ``generation`` stopped (ended: read its stream to the end)."""
+        if generation == self._cursor.generation:
+            self._gauge.stop()
+
+    def _check_generation(self, generation: int) -> None:
+        if generation != self._cursor.generation:
+            raise RuntimeError(
+                "this iterator was superseded by load_state_dict() or set_epoch(); create "
+                "a new iterator to continue"
+            )
+
+    @property
+    def _drops(self) -> bool:
+        return self._transform is not None and self._transform.drops_rows
+
+    def _samples(self, lease: list[weakref.ref[Iterator[Any]]]) -> Iterator[Any]:
+        stream, generation = self._begin(lease[0])
+        try:
+            if self._drops:
+                for split, position, item, cost in self._survivors(
+                        stream, self._read_rows(every_row(stream))):
+                    self._check_generation(generation)
+                    self._delivered(1, cost, 0, 0.0, batches=0, survivors=[(split, position)])
+                    yield item
+            else:
+                yield from self._sample_rows(stream, generation)
+            self._cursor.ended = generation == self._cursor.generation
+        finally:
+            self._end(generation)
+
+    def _sample_rows(self, stream: RankStream, generation: int) -> Iterator[Any]:
+        # Batches the size of the first read: cut from the growing reads, rarely re-joined.
+        group = min(self._read_batch_size, FIRST_READ_ROWS)
+        for batch, wait_s in self._timed(self._read_batches(stream, group)):
+            cost = batch.cost
+            if isinstance(batch.payload, list):
+                rows = batch.payload
+            else:  # Arrow to Python rows here, on the consumer's thread: book it as such
+                started = time.perf_counter()
+                rows = batch.payload.to_pylist()
+                cost = cost + ReadCost(0, 0.0, time.perf_counter() - started)
+            for i, row in enumerate(rows):
+                self._check_generation(generation)
+                skipped = isinstance(row, Skipped)
+                # The chunk's cost and wait are booked with its first row.
+                self._delivered(1, NO_COST if i else cost, int(skipped),
+                                0.0 if i else wait_s, batches=0)
+                if not skipped:
+                    yield row
+
+    def _batches(self, lease: list[weakref.ref[Iterator[Any]]], batch_size: int,
+                 collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
+        stream, generation = self._begin(lease[0])
+        try:
+            if self._drops:
+                survivors = self._survivors(stream, self._read_rows(every_row(stream)))
+                for out, taken, cost, wait_s in self._survivor_batches(survivors, batch_size,
+                                                                       collate_fn):
+                    self._check_generation(generation)
+                    self._delivered(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
+                    yield out
+            else:
+                batches = self._read_batches(stream, batch_size, as_tensors=collate_fn is None)
+                for batch, wait_s in self._timed(batches):
+                    out, skipped = collate(batch.payload, collate_fn)
+                    self._check_generation(generation)
+                    self._delivered(batch.size, batch.cost, skipped, wait_s, batches=1)
+                    yield out
+            self._cursor.ended = generation == self._cursor.generation
+        finally:
+            self._end(generation)
+
+    def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """``(split, position)`` of the next samples ``start .. stop-1`` (for logging/tests)."""
+        remaining = self._cursor.stream().advanced(self._cursor.consumed)
+        splits, positions = remaining.slice(start, stop)
+        return list(zip(splits.tolist(), positions.tolist()))
