@@ -24,6 +24,7 @@ from . import ledger as lg
 from . import state as st
 from .plan import PlanSpec, SplitPlan, build_plan, check_plan_args, splits_per_rank
 from .plan_source import DEFAULT_NAMESPACE
+from .reporting import ReportPolicy
 from .table import (
     StorageOptionsFactory,
     TableRef,
@@ -36,7 +37,10 @@ from .table import (
 logger = logging.getLogger(__name__)
 
 PERSIST_FORMAT = 1
-HISTORY_STEPS = 1024  # sealed steps kept in memory for state_dict(step=...)
+# Sealed steps kept in memory for state_dict(step=...): the newest HISTORY_STEPS, fewer with
+# many splits so that they hold at most HISTORY_VALUES progress integers.
+HISTORY_STEPS = 1024
+HISTORY_VALUES = 1 << 20
 PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 
 
@@ -56,8 +60,9 @@ class CoordinatorActor:
     """The actor body. Use :class:`Coordinator` to create or find one."""
 
     def __init__(self, name: str, table: TableRef, spec: dict[str, Any], rows: int,
-                 world_size: int, storage_path: str):
+                 world_size: int, storage_path: str, report_policy: dict[str, Any] | None = None):
         self._name = name
+        self._report_policy = ReportPolicy(**(report_policy or {}))
         self._table = table
         self._spec = PlanSpec(**spec)
         self._rows = rows
@@ -156,23 +161,38 @@ class CoordinatorActor:
                 raise ValueError(f"rank ({rank}) must be in [0, {world_size})")
             return self._state(self._ledger.start())
 
+    def report_policy(self) -> dict[str, Any]:
+        """When views send their progress (see :mod:`lance_ray.reporting`)."""
+        return asdict(self._report_policy)
+
     def report(self, rank: int, world_size: int, epoch: int, step: int,
                samples: Sequence[int], positions: Sequence[int]) -> int | None:
-        """Record a rank's progress; returns the step it sealed, if any."""
-        report = lg.RankReport(rank, world_size, epoch, step, tuple(samples), tuple(positions))
+        """Record a rank's progress at one step; returns the newest step it sealed, if any."""
+        return self.report_batch(rank, world_size, epoch, [step], [samples], [positions])
+
+    def report_batch(self, rank: int, world_size: int, epoch: int, steps: Sequence[int],
+                     samples: Sequence[Sequence[int]],
+                     positions: Sequence[Sequence[int]]) -> int | None:
+        """Record a rank's progress at several steps (a coalesced report); returns the
+        newest step it sealed, if any."""
+        batch = lg.ReportBatch(rank, world_size, epoch, steps, samples, positions)
         with self._lock:
-            sealed = lg.record(self._ledger, report)
-            known = self._rank_progress.get(rank, (-1, 0))[0]
-            if report.epoch == self._ledger.epoch and step > known:  # reports may overtake
-                self._rank_progress[rank] = (step, sum(samples))
-            if sealed is None:
+            sealed = lg.record_batch(self._ledger, batch)
+            if steps and epoch == self._ledger.epoch:
+                newest = max(range(len(steps)), key=steps.__getitem__)
+                if steps[newest] > self._rank_progress.get(rank, (-1, 0))[0]:  # may overtake
+                    self._rank_progress[rank] = (steps[newest], sum(samples[newest]))
+            if not sealed:
                 return None
-            self._history[(sealed.epoch, sealed.step)] = sealed
-            while len(self._history) > HISTORY_STEPS:
+            keep = max(1, min(HISTORY_STEPS, HISTORY_VALUES // (2 * self._ledger.num_splits)))
+            now = time.monotonic()
+            for s in sealed:
+                self._history[(s.epoch, s.step)] = s
+                self._seal_times.append((now, sum(s.samples)))
+            while len(self._history) > keep:
                 self._history.popitem(last=False)
-            self._seal_times.append((time.monotonic(), sum(sealed.samples)))
-            self._persist(durable=False)
-            return sealed.step
+            self._persist(durable=False)  # once per call, however many steps it sealed
+            return sealed[-1].step
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """The merged state of the latest sealed step (or of ``step``), made durable first."""
@@ -245,6 +265,7 @@ class CoordinatorActor:
                 "ranks": {r: {"step": s, "rows": n} for r, (s, n) in
                           sorted(self._rank_progress.items())},
                 "pending_steps": sorted(led.pending),
+                "report_policy": asdict(self._report_policy),
                 "table_version": self._table.version,
                 "pid": os.getpid(),
             }
@@ -279,6 +300,7 @@ class Coordinator:
         namespace: str = DEFAULT_NAMESPACE,
         detached: bool = False,
         lease_version: bool = True,
+        report_policy: ReportPolicy | None = None,
     ) -> Coordinator:
         """Create the coordinator ``name`` (or attach to the live one of that name).
 
@@ -288,7 +310,10 @@ class Coordinator:
         Keep the returned handle alive while the run needs the actor: a non-detached actor
         is stopped when its last handle goes away. With ``lease_version`` the pinned table
         version is tagged so that version cleanup cannot remove it while the run needs it;
-        :meth:`release_version` drops the tag when the run is over.
+        :meth:`release_version` drops the tag when the run is over. ``report_policy`` says
+        how often views send their progress (default: every 100 batches or 0.5 s, 2 s at
+        1,024 ranks, and at every checkpoint and epoch end); the status lags each rank by
+        about that much.
         """
         if not detached and ray.get_runtime_context().get_actor_id() is not None:
             raise RuntimeError(
@@ -309,7 +334,8 @@ class Coordinator:
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
         handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
-            name, ref, asdict(spec), rows, world_size, str(storage_path))
+            name, ref, asdict(spec), rows, world_size, str(storage_path),
+            asdict(report_policy or ReportPolicy()))
         ray.get(handle.describe.remote())  # surface construction errors here
         return cls(handle, name, namespace)
 
@@ -360,43 +386,3 @@ class Coordinator:
     def kill(self) -> None:
         """Stop the actor for good (its persisted progress stays on storage)."""
         ray.kill(self.handle, no_restart=True)
-
-
-class CoordinatorPlans:
-    """The ``PlanSource`` of a view attached to a coordinator."""
-
-    wants_reports = True
-
-    def __init__(self, handle: Any):
-        self.handle = handle
-        self._last_report: Any = None
-
-    @classmethod
-    def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
-        return cls(Coordinator.get(name, namespace).handle)
-
-    def describe(self) -> tuple[TableRef, PlanSpec]:
-        return ray.get(self.handle.describe.remote())
-
-    def start(self, rank: int, world_size: int) -> dict[str, Any]:
-        return ray.get(self.handle.start.remote(rank, world_size))
-
-    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, st.PlanIdentity]:
-        return ray.get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
-
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int]) -> None:
-        # Fire and forget, but surface the previous report's error (e.g. a stale world size).
-        previous = self._last_report
-        if previous is not None:
-            ready, _ = ray.wait([previous], timeout=0)
-            if ready:
-                ray.get(previous)
-        self._last_report = self.handle.report.remote(rank, world_size, epoch, step,
-                                                      list(samples), list(positions))
-
-    def set_epoch(self, epoch: int) -> None:
-        ray.get(self.handle.set_epoch.remote(epoch))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "_last_report": None}
