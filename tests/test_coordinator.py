@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import wait_sealed
 
 import lance_ray
 from lance_ray.coordinator import Coordinator
@@ -41,16 +42,6 @@ def step_views(views, steps: int | None = None) -> list[list[int]]:
             break
         out.append([i for p in parts for i in p])
     return out
-
-
-def wait_sealed(coord: Coordinator, step: int, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = coord.status()
-        if status["sealed_step"] >= step:
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} never sealed: {coord.status()}")
 
 
 def local_views(coord: Coordinator, world_size: int):
