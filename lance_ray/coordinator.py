@@ -3,7 +3,8 @@
 It builds each epoch's plan once and serves every view only its own splits; it seals the
 progress of a global step once every rank has reported it, so a checkpoint is one
 consistent object; it persists sealed progress atomically (JSON) so that a restarted actor
-loses nothing; and ``resize`` redistributes the splits over a new world size.
+loses at most the last ``PERSIST_EVERY_S`` of seals and never a checkpoint's; and ``resize``
+redistributes the splits over a new world size.
 """
 
 from __future__ import annotations
@@ -33,15 +34,19 @@ from .table import (
     resolve_table,
     take_lease,
 )
+from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
 
 PERSIST_FORMAT = 1
-# Sealed steps kept in memory for state_dict(step=...): the newest HISTORY_STEPS, fewer with
-# many splits so that they hold at most HISTORY_VALUES progress integers.
-HISTORY_STEPS = 1024
-HISTORY_VALUES = 1 << 20
+# Sealed steps kept for state_dict(step=...): the newest 1,024, or fewer (many splits) so
+# that they hold at most HISTORY_VALUES integers.
+HISTORY_STEPS, HISTORY_VALUES = 1024, 1 << 20
 PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
+# Seals are written at most this often (the last one at most this late): with many ranks
+# out of phase nearly every report call seals a step, and a write can cost milliseconds
+# (more on object storage). A checkpoint (state_dict) and kill() write at once.
+PERSIST_EVERY_S = 0.2
 
 
 def _sealed_to_json(s: lg.Sealed | None) -> dict | None:
@@ -73,6 +78,8 @@ class CoordinatorActor:
         self._history: OrderedDict[tuple[int, int], lg.Sealed] = OrderedDict()
         self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
+        self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
+                                     self._lock)
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch)
         self._persist(durable=True)
@@ -101,8 +108,8 @@ class CoordinatorActor:
         return ledger
 
     def _persist(self, *, durable: bool) -> None:
-        """Write the ledger. Every seal is written (a killed actor loses nothing);
-        ``durable`` adds an fsync, for states handed out as checkpoints."""
+        """Write the ledger (seals through ``_write_seal``); ``durable`` adds an fsync, for
+        states handed out as checkpoints."""
         led = self._ledger
         st.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
@@ -110,6 +117,11 @@ class CoordinatorActor:
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
                        "epoch": led.epoch, "sealed": _sealed_to_json(led.sealed)},
         }, fsync=durable)
+
+    def persist(self) -> None:
+        """Write the sealed progress now, durably (before a planned stop)."""
+        with self._lock:
+            self._persist(durable=True)
 
     # ----------------------------------------------------------------- plan
 
@@ -165,11 +177,6 @@ class CoordinatorActor:
         """When views send their progress (see :mod:`lance_ray.reporting`)."""
         return asdict(self._report_policy)
 
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int]) -> int | None:
-        """Record a rank's progress at one step; returns the newest step it sealed, if any."""
-        return self.report_batch(rank, world_size, epoch, [step], [samples], [positions])
-
     def report_batch(self, rank: int, world_size: int, epoch: int, steps: Sequence[int],
                      samples: Sequence[Sequence[int]],
                      positions: Sequence[Sequence[int]]) -> int | None:
@@ -191,7 +198,7 @@ class CoordinatorActor:
                 self._seal_times.append((now, sum(s.samples)))
             while len(self._history) > keep:
                 self._history.popitem(last=False)
-            self._persist(durable=False)  # once per call, however many steps it sealed
+            self._write_seal.request()
             return sealed[-1].step
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
@@ -384,5 +391,10 @@ class Coordinator:
         release_lease(table, self.name)
 
     def kill(self) -> None:
-        """Stop the actor for good (its persisted progress stays on storage)."""
+        """Stop the actor for good, first writing its sealed progress (which stays)."""
+        try:
+            ray.get(self.handle.persist.remote(), timeout=10)
+        except Exception:  # already dead or unreachable: what it wrote before stays
+            logger.warning("coordinator %s did not write its progress before being stopped",
+                           self.name, exc_info=True)
         ray.kill(self.handle, no_restart=True)
