@@ -10,7 +10,8 @@
   progress at one step. The clock stops when the coordinator has sealed the last step;
 * status lag: how far the coordinator's sealed step trailed the ranks, sampled while they
   ran (steps, and seconds since the ranks completed the first unsealed step);
-* coordinator memory: the actor's resident memory after the run, and its pending steps;
+* coordinator memory: the actor's resident memory before and after the run, and its
+  pending steps;
 * recovery: time from killing the actor to the first answered call of its restart, and the
   sealed step it recovered;
 * plan memory: bytes of plan a view receives, against the full plan.
@@ -69,6 +70,7 @@ def main() -> None:
                                report_policy=policy)
     handle = coord.handle
     ray.get(handle.plan_part.remote(0, 0, 1))  # build the plan before timing
+    idle_mib = rss_mib(coord.status()["pid"])
     ranks = [CoordinatorPlans(handle, policy) for _ in range(args.ranks)]
     owned = [len(rank_splits(r, args.ranks, splits)) for r in range(args.ranks)]
     completed_at: list[float] = []  # when every rank had committed step i + 1
@@ -97,7 +99,7 @@ def main() -> None:
         completed_at.append(time.monotonic())
     stepped = time.monotonic()
     for plans in ranks:  # a checkpoint at the last step, as every rank makes it at once
-        plans._reporter.flush(wait=False)
+        plans.flush(wait=False)
     for plans in ranks:
         plans.flush()
     flushed = time.monotonic()
@@ -119,8 +121,8 @@ def main() -> None:
               f"{statistics.median(seconds):.2f}s, max {max(steps_behind)} steps / "
               f"{max(seconds):.2f}s ({len(lags)} samples)")
     status = coord.status()
-    print(f"coordinator memory: {rss_mib(status['pid']):.0f} MiB resident, "
-          f"{len(status['pending_steps'])} pending steps")
+    print(f"coordinator memory: {rss_mib(status['pid']):.0f} MiB resident ({idle_mib:.0f} MiB "
+          f"before the reports), {len(status['pending_steps'])} pending steps")
 
     pid = status["pid"]
     killed = time.monotonic()

@@ -69,8 +69,9 @@ class CoordinatorPlans:
                samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
         self._reporter.add(rank, world_size, epoch, step, samples, positions, final=final)
 
-    def flush(self) -> None:
-        self._reporter.flush(wait=True)
+    def flush(self, *, wait: bool = True) -> None:
+        """Send the buffered reports; with ``wait``, until every report is acknowledged."""
+        self._reporter.flush(wait=wait)
 
     def set_epoch(self, epoch: int) -> None:
         self._reporter.flush(wait=True)  # the old epoch's last steps seal before it ends

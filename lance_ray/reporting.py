@@ -171,8 +171,7 @@ class Reporter:
         while len(self._in_flight) >= self._policy.max_in_flight:
             if not block:
                 return
-            self._answered.append(self._in_flight.popleft())
-            self._channel.result(self._answered[-1])  # waits: back-pressure
+            self._channel.result(self._in_flight.popleft())  # waits: back-pressure
         assert self._key is not None
         rank, world_size, epoch = self._key
         batch = ReportBatch(rank, world_size, epoch, self._steps, self._samples,
