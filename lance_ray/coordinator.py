@@ -39,9 +39,6 @@ from .throttle import Throttled
 logger = logging.getLogger(__name__)
 
 PERSIST_FORMAT = 1
-# Sealed steps kept for state_dict(step=...): the newest 1,024, or fewer (many splits) so
-# that they hold at most HISTORY_VALUES integers.
-HISTORY_STEPS, HISTORY_VALUES = 1024, 1 << 20
 PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 # Seals are written at most this often (the last one at most this late): with many ranks
 # out of phase nearly every report call seals a step, and a write can cost milliseconds
@@ -75,7 +72,7 @@ class CoordinatorActor:
         self._lock = threading.RLock()
         self._plan_lock = threading.Lock()
         self._plans: OrderedDict[int, SplitPlan] = OrderedDict()
-        self._history: OrderedDict[tuple[int, int], lg.Sealed] = OrderedDict()
+        self._history = lg.History()  # sealed steps kept for state_dict(step=...)
         self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
         self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
@@ -102,7 +99,7 @@ class CoordinatorActor:
         ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
                            _sealed_from_json(led["sealed"]))
         if ledger.sealed is not None:
-            self._history[(ledger.sealed.epoch, ledger.sealed.step)] = ledger.sealed
+            self._history.add(ledger.sealed)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
                     ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
         return ledger
@@ -191,30 +188,18 @@ class CoordinatorActor:
                     self._rank_progress[rank] = (steps[newest], sum(samples[newest]))
             if not sealed:
                 return None
-            keep = max(1, min(HISTORY_STEPS, HISTORY_VALUES // (2 * self._ledger.num_splits)))
             now = time.monotonic()
             for s in sealed:
-                self._history[(s.epoch, s.step)] = s
+                self._history.add(s)
                 self._seal_times.append((now, sum(s.samples)))
-            while len(self._history) > keep:
-                self._history.popitem(last=False)
             self._write_seal.request()
             return sealed[-1].step
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """The merged state of the latest sealed step (or of ``step``), made durable first."""
         with self._lock:
-            sealed: lg.Sealed | None
-            if step is None:
-                sealed = self._ledger.start()
-            else:
-                sealed = self._history.get((self._ledger.epoch, step))
-                if sealed is None:
-                    have = sorted(s for e, s in self._history if e == self._ledger.epoch)
-                    raise ValueError(
-                        f"step {step} of epoch {self._ledger.epoch} is not sealed or no longer "
-                        f"kept; sealed steps held: {have[:1] + have[-1:] if have else 'none'}"
-                    )
+            sealed = self._ledger.start() if step is None else \
+                self._history.get(self._ledger.epoch, step)
             self._persist(durable=True)
             return self._state(sealed)
 

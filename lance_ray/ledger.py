@@ -200,6 +200,32 @@ def _seal(ledger: Ledger, step: int) -> Sealed:
     return ledger.sealed
 
 
+@dataclass
+class History:
+    """The newest sealed steps (for ``state_dict(step=...)``): at most ``max_steps``, and
+    fewer with many splits, so that they hold at most ``max_values`` integers."""
+
+    max_steps: int = 1024
+    max_values: int = 1 << 20
+    steps: dict[tuple[int, int], Sealed] = field(default_factory=dict)  # oldest first
+
+    def add(self, sealed: Sealed) -> None:
+        self.steps[(sealed.epoch, sealed.step)] = sealed
+        keep = max(1, min(self.max_steps, self.max_values // (2 * len(sealed.samples) or 1)))
+        while len(self.steps) > keep:
+            del self.steps[next(iter(self.steps))]
+
+    def get(self, epoch: int, step: int) -> Sealed:
+        sealed = self.steps.get((epoch, step))
+        if sealed is None:
+            have = sorted(s for e, s in self.steps if e == epoch)
+            raise ValueError(
+                f"step {step} of epoch {epoch} is not sealed or no longer kept; sealed steps "
+                f"held: {have[:1] + have[-1:] if have else 'none'}"
+            )
+        return sealed
+
+
 def resize(ledger: Ledger, world_size: int) -> Sealed:
     """Move to ``world_size``: views restart from the latest sealed step, pending is dropped."""
     splits_per_rank(ledger.num_splits, world_size)

@@ -194,3 +194,15 @@ def test_one_batch_can_seal_several_steps():
                                                     [r.samples for r in mine],
                                                     [r.positions for r in mine]))
     assert [s.step for s in sealed] == [1, 2, 3]
+
+
+def test_history_holds_a_bounded_number_of_integers_and_names_what_it_still_has():
+    history = lg.History(max_steps=100, max_values=64)
+    zeros = (0,) * 8
+    for step in range(1, 20):
+        history.add(lg.Sealed(0, step, 2, zeros, zeros))
+    assert [s for _, s in history.steps] == [16, 17, 18, 19]  # 4 steps x 2 x 8 integers
+    assert history.get(0, 17).step == 17
+    with pytest.raises(ValueError, match=r"step 3 of epoch 0 is not sealed or no longer kept; "
+                                         r"sealed steps held: \[16, 19\]"):
+        history.get(0, 3)
