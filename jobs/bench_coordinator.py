@@ -1,22 +1,34 @@
 """Coordinator figures: report throughput with many ranks, restart recovery, plan memory.
 
     python jobs/bench_coordinator.py [--ranks 64] [--steps 50] [--rows 200000]
+                                     [--every-batches 50] [--every-s 0.5]
 
-* reports/s: ``--ranks`` simulated ranks (threads in this driver, each with its own actor
-  handle calls) report ``--steps`` global steps each; the coordinator seals every step;
+* reports/s and sealed steps/s: ``--ranks`` simulated ranks step in lockstep in this driver,
+  each committing ``--steps`` global steps through its own view-side reporter (the code a
+  view reports through, coalescing under ``--every-batches``/``--every-s``; pass
+  ``--every-batches 1`` for one actor call per rank and step); a report is one rank's
+  progress at one step. The clock stops when the coordinator has sealed the last step;
+* status lag: how far the coordinator's sealed step trailed the ranks, sampled while they
+  ran (steps, and seconds since the ranks completed the first unsealed step);
+* coordinator memory: the actor's resident memory before and after the run, and its
+  pending steps;
 * recovery: time from killing the actor to the first answered call of its restart, and the
   sealed step it recovered;
 * plan memory: bytes of plan a view receives, against the full plan.
+
+The simulated ranks share the machine (and this driver's process) with the actor, so the
+figures are lower bounds for ranks that run on their own processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -27,7 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_table import create_table  # noqa: E402
 
 from lance_ray.coordinator import Coordinator  # noqa: E402
+from lance_ray.coordinator_plans import CoordinatorPlans  # noqa: E402
 from lance_ray.plan import rank_splits  # noqa: E402
+from lance_ray.reporting import ReportPolicy  # noqa: E402
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def main() -> None:
@@ -35,33 +56,75 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=64)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--every-batches", type=int, default=ReportPolicy.every_batches)
+    p.add_argument("--every-s", type=float, default=ReportPolicy.every_s)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="lance_ray_bench_coord_"))
     table = create_table(str(work / "db"), rows=args.rows, dim=4)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(work / "ray"))
     splits = args.ranks
+    policy = ReportPolicy(every_batches=args.every_batches, every_s=args.every_s)
     coord = Coordinator.create(table, "bench", storage_path=str(work / "store"),
-                               world_size=args.ranks, num_splits=splits, lease_version=False)
+                               world_size=args.ranks, num_splits=splits, lease_version=False,
+                               report_policy=policy)
     handle = coord.handle
     ray.get(handle.plan_part.remote(0, 0, 1))  # build the plan before timing
+    idle_mib = rss_mib(coord.status()["pid"])
+    ranks = [CoordinatorPlans(handle, policy) for _ in range(args.ranks)]
+    owned = [len(rank_splits(r, args.ranks, splits)) for r in range(args.ranks)]
+    completed_at: list[float] = []  # when every rank had committed step i + 1
+    lags: list[tuple[int, float]] = []
+    running = threading.Event()
+    running.set()
 
-    def rank_reports(rank: int) -> None:
-        owned = rank_splits(rank, args.ranks, splits)
-        for step in range(1, args.steps + 1):
-            counts = [step] * len(owned)
-            handle.report.remote(rank, args.ranks, 0, step, counts, counts)
+    def watch_status() -> None:
+        while running.is_set():
+            sealed = coord.status()["sealed_step"]
+            done = len(completed_at)
+            if sealed < done:
+                lags.append((done - sealed, time.monotonic() - completed_at[sealed]))
+            elif done:
+                lags.append((0, 0.0))
+            time.sleep(0.1)
 
+    watcher = threading.Thread(target=watch_status, daemon=True)
     started = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(rank_reports, range(args.ranks)))
+    watcher.start()
+    split_len = args.rows // splits
+    for step in range(1, args.steps + 1):
+        for rank, plans in enumerate(ranks):
+            counts = [min(step, split_len)] * owned[rank]
+            plans.report(rank, args.ranks, 0, step, counts, counts)
+        completed_at.append(time.monotonic())
+    stepped = time.monotonic()
+    for plans in ranks:  # a checkpoint at the last step, as every rank makes it at once
+        plans.flush(wait=False)
+    for plans in ranks:
+        plans.flush()
+    flushed = time.monotonic()
     while coord.status()["sealed_step"] < args.steps:
         time.sleep(0.01)
     elapsed = time.monotonic() - started
+    print(f"stepping {stepped - started:.2f}s, checkpoint flush {flushed - stepped:.2f}s, "
+          f"then sealed in {elapsed - (flushed - started):.2f}s")
+    running.clear()
+    watcher.join()
     reports = args.ranks * args.steps
-    print(f"{args.ranks} ranks x {args.steps} steps: {reports} reports in {elapsed:.2f}s = "
+    print(f"{args.ranks} ranks x {args.steps} steps, reports every {policy.every_batches} "
+          f"batches or {policy.interval_s(args.ranks):.2f}s: {reports} reports in {elapsed:.2f}s = "
           f"{reports / elapsed:,.0f} reports/s, {args.steps / elapsed:.1f} sealed steps/s")
+    if lags:
+        steps_behind = [s for s, _ in lags]
+        seconds = [t for _, t in lags]
+        print(f"status lag: median {statistics.median(steps_behind):.0f} steps / "
+              f"{statistics.median(seconds):.2f}s, max {max(steps_behind)} steps / "
+              f"{max(seconds):.2f}s ({len(lags)} samples)")
+    status = coord.status()
+    print(f"coordinator memory: {rss_mib(status['pid']):.0f} MiB resident ({idle_mib:.0f} MiB "
+          f"before the reports), {len(status['pending_steps'])} pending steps")
 
-    pid = coord.status()["pid"]
+    pid = status["pid"]
     killed = time.monotonic()
     ray.kill(handle, no_restart=False)
     status = coord.status()

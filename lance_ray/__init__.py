@@ -16,6 +16,7 @@ _EXPORTS = {
     "StreamingDataset": "dataset",
     "StreamingDataLoader": "loader",
     "Coordinator": "coordinator",
+    "ReportPolicy": "reporting",
     "PlanSpec": "plan",
     "SplitPlan": "plan",
     "valid_world_sizes": "plan",

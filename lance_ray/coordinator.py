@@ -3,7 +3,8 @@
 It builds each epoch's plan once and serves every view only its own splits; it seals the
 progress of a global step once every rank has reported it, so a checkpoint is one
 consistent object; it persists sealed progress atomically (JSON) so that a restarted actor
-loses nothing; and ``resize`` redistributes the splits over a new world size.
+loses at most the last ``PERSIST_EVERY_S`` of seals and never a checkpoint's; and ``resize``
+redistributes the splits over a new world size.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -26,6 +27,7 @@ from .background import BackgroundPlans
 from .plan import PlanSpec, SplitPlan, check_plan_args, splits_per_rank
 from .plan_source import DEFAULT_NAMESPACE, next_epoch, plan_for
 from .remote import is_remote_table
+from .reporting import ReportPolicy
 from .table import (
     StorageOptionsFactory,
     TableRef,
@@ -34,13 +36,16 @@ from .table import (
     resolve_table,
     take_lease,
 )
+from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
 
 PERSIST_FORMAT = 1
-HISTORY_STEPS = 1024  # sealed steps kept in memory for state_dict(step=...)
 PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
-MAX_REPORTS_IN_FLIGHT = 64  # per view
+# Seals are written at most this often (the last one at most this late): with many ranks
+# out of phase nearly every report call seals a step, and a write can cost milliseconds
+# (more on object storage). A checkpoint (state_dict) and kill() write at once.
+PERSIST_EVERY_S = 0.2
 
 
 def _sealed_to_json(s: lg.Sealed | None) -> dict | None:
@@ -60,8 +65,10 @@ class CoordinatorActor:
 
     def __init__(self, name: str, table: TableRef, spec: dict[str, Any], rows: int,
                  world_size: int, storage_path: str,
-                 storage_retry: storage.RetryPolicy | None = None):
+                 storage_retry: storage.RetryPolicy | None = None,
+                 report_policy: dict[str, Any] | None = None):
         self._name = name
+        self._report_policy = ReportPolicy(**(report_policy or {}))
         self._table = table
         self._spec = PlanSpec(**spec)
         self._rows = rows
@@ -73,9 +80,11 @@ class CoordinatorActor:
         self._plans: BackgroundPlans[int, SplitPlan] = BackgroundPlans(
             lambda e: plan_for(table, self._spec.for_epoch(e), rows), keep=PLANS_CACHED,
             name=f"coordinator {name}: the plan of epoch")
-        self._history: OrderedDict[tuple[int, int], lg.Sealed] = OrderedDict()
+        self._history = lg.History()  # sealed steps kept for state_dict(step=...)
         self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
+        self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
+                                     self._lock)
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch)
         self._persist(durable=True)
@@ -98,14 +107,14 @@ class CoordinatorActor:
         ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
                            _sealed_from_json(led["sealed"]))
         if ledger.sealed is not None:
-            self._history[(ledger.sealed.epoch, ledger.sealed.step)] = ledger.sealed
+            self._history.add(ledger.sealed)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
                     ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
         return ledger
 
     def _persist(self, *, durable: bool) -> None:
-        """Write the ledger. Every seal is written (a killed actor loses nothing);
-        ``durable`` adds an fsync, for states handed out as checkpoints."""
+        """Write the ledger (seals through ``_write_seal``); ``durable`` adds an fsync, for
+        states handed out as checkpoints."""
         led = self._ledger
         storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
@@ -113,6 +122,11 @@ class CoordinatorActor:
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
                        "epoch": led.epoch, "sealed": _sealed_to_json(led.sealed)},
         }, fsync=durable, **self._io)
+
+    def persist(self) -> None:
+        """Write the sealed progress now, durably (before a planned stop)."""
+        with self._lock:
+            self._persist(durable=True)
 
     # ----------------------------------------------------------------- plan
 
@@ -157,38 +171,36 @@ class CoordinatorActor:
                 raise ValueError(f"rank ({rank}) must be in [0, {world_size})")
             return self._state(self._ledger.start())
 
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int]) -> int | None:
-        """Record a rank's progress; returns the step it sealed, if any."""
-        report = lg.RankReport(rank, world_size, epoch, step, tuple(samples), tuple(positions))
+    def report_policy(self) -> dict[str, Any]:
+        """When views send their progress (see :mod:`lance_ray.reporting`)."""
+        return asdict(self._report_policy)
+
+    def report_batch(self, rank: int, world_size: int, epoch: int, steps: Sequence[int],
+                     samples: Sequence[Sequence[int]],
+                     positions: Sequence[Sequence[int]]) -> int | None:
+        """Record a rank's progress at several steps (a coalesced report); returns the
+        newest step it sealed, if any."""
+        batch = lg.ReportBatch(rank, world_size, epoch, steps, samples, positions)
         with self._lock:
-            sealed = lg.record(self._ledger, report)
-            known = self._rank_progress.get(rank, (-1, 0))[0]
-            if report.epoch == self._ledger.epoch and step > known:  # reports may overtake
-                self._rank_progress[rank] = (step, sum(samples))
-            if sealed is None:
+            sealed = lg.record_batch(self._ledger, batch)
+            if steps and epoch == self._ledger.epoch:
+                newest = max(range(len(steps)), key=steps.__getitem__)
+                if steps[newest] > self._rank_progress.get(rank, (-1, 0))[0]:  # may overtake
+                    self._rank_progress[rank] = (steps[newest], sum(samples[newest]))
+            if not sealed:
                 return None
-            self._history[(sealed.epoch, sealed.step)] = sealed
-            while len(self._history) > HISTORY_STEPS:
-                self._history.popitem(last=False)
-            self._seal_times.append((time.monotonic(), sum(sealed.samples)))
-            self._persist(durable=False)
-            return sealed.step
+            now = time.monotonic()
+            for s in sealed:
+                self._history.add(s)
+                self._seal_times.append((now, sum(s.samples)))
+            self._write_seal.request()
+            return sealed[-1].step
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         """The merged state of the latest sealed step (or of ``step``), made durable first."""
         with self._lock:
-            sealed: lg.Sealed | None
-            if step is None:
-                sealed = self._ledger.start()
-            else:
-                sealed = self._history.get((self._ledger.epoch, step))
-                if sealed is None:
-                    have = sorted(s for e, s in self._history if e == self._ledger.epoch)
-                    raise ValueError(
-                        f"step {step} of epoch {self._ledger.epoch} is not sealed or no longer "
-                        f"kept; sealed steps held: {have[:1] + have[-1:] if have else 'none'}"
-                    )
+            sealed = self._ledger.start() if step is None else \
+                self._history.get(self._ledger.epoch, step)
             self._persist(durable=True)
             return self._state(sealed)
 
@@ -247,6 +259,7 @@ class CoordinatorActor:
                           sorted(self._rank_progress.items())},
                 "pending_steps": sorted(led.pending),
                 "plans_ready": [e for e in (led.epoch, led.epoch + 1) if self._plans.ready(e)],
+                "report_policy": asdict(self._report_policy),
                 "table_version": self._table.version,
                 "pid": os.getpid(),
             }
@@ -283,6 +296,7 @@ class Coordinator:
         lease_version: bool = True,
         plan: str = "lancedb",
         storage_retry: storage.RetryPolicy | None = None,
+        report_policy: ReportPolicy | None = None,
     ) -> Coordinator:
         """Create the coordinator ``name`` (or attach to the live one of that name).
 
@@ -296,6 +310,9 @@ class Coordinator:
         version is tagged so that version cleanup cannot remove it while the run needs it;
         :meth:`release_version` drops the tag when the run is over. ``plan`` is the plan
         mode, as in ``StreamingDataset`` (``"index"`` past lancedb's builder limit).
+        ``report_policy`` says how often views send their progress (default: every 100
+        batches or 0.5 s, 2 s at 1,024 ranks, and at every checkpoint and epoch end); the
+        status lags each rank by about that much.
         """
         if is_remote_table(table):
             raise ValueError(
@@ -324,7 +341,7 @@ class Coordinator:
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
         handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
             name, ref, asdict(spec), rows, world_size, storage.absolute(storage_path),
-            storage_retry)
+            storage_retry, asdict(report_policy or ReportPolicy()))
         ray.get(handle.describe.remote())  # surface construction errors here
         return cls(handle, name, namespace)
 
@@ -373,45 +390,10 @@ class Coordinator:
         release_lease(table, self.name)
 
     def kill(self) -> None:
-        """Stop the actor for good (its persisted progress stays on storage)."""
+        """Stop the actor for good, first writing its sealed progress (which stays)."""
+        try:
+            ray.get(self.handle.persist.remote(), timeout=10)
+        except Exception:  # already dead or unreachable: what it wrote before stays
+            logger.warning("coordinator %s did not write its progress before being stopped",
+                           self.name, exc_info=True)
         ray.kill(self.handle, no_restart=True)
-
-
-class CoordinatorPlans:
-    """The ``PlanSource`` of a view attached to a coordinator."""
-
-    wants_reports = True
-
-    def __init__(self, handle: Any):
-        self.handle = handle
-        self._reports: deque[Any] = deque()  # in flight, oldest first
-
-    @classmethod
-    def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
-        return cls(Coordinator.get(name, namespace).handle)
-
-    def describe(self) -> tuple[TableRef, PlanSpec]:
-        return ray.get(self.handle.describe.remote())
-
-    def start(self, rank: int, world_size: int) -> dict[str, Any]:
-        return ray.get(self.handle.start.remote(rank, world_size))
-
-    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, st.PlanIdentity]:
-        return ray.get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
-
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int]) -> None:
-        # Fire and forget, but surface every finished report's error (a stale world size, a
-        # ledger write that failed after its retry bound); with too many in flight (the
-        # store is down) wait for the oldest, so a stuck ledger stalls the run, boundedly.
-        while self._reports and (len(self._reports) >= MAX_REPORTS_IN_FLIGHT
-                                 or ray.wait([self._reports[0]], timeout=0)[0]):
-            ray.get(self._reports.popleft())
-        self._reports.append(self.handle.report.remote(rank, world_size, epoch, step,
-                                                       list(samples), list(positions)))
-
-    def set_epoch(self, epoch: int) -> None:
-        ray.get(self.handle.set_epoch.remote(epoch))
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "_reports": deque()}

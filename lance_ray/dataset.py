@@ -185,9 +185,10 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
 
         The view receives only its own splits of the plan, starts from the coordinator's
         latest sealed step (so a restarted trainer picks up on its own; a new world size
-        resizes the run), and reports its committed progress after every batch.
+        resizes the run), and reports its committed progress, coalesced under the coordinator's
+        ``report_policy`` and always before a ``state_dict()``.
         """
-        from .coordinator import CoordinatorPlans
+        from .coordinator_plans import CoordinatorPlans
 
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
@@ -312,7 +313,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         if batches and self._plans.wants_reports:  # keep the commit O(1) without a coordinator
             done = self._stream().advanced(self._cursor.consumed)
             self._plans.report(self._rank, self._world_size, self._spec.epoch,
-                               self._cursor.batches, done.samples, done.positions)
+                               self._cursor.batches, done.samples, done.positions,
+                               final=not len(done))
 
     @property
     def samples_remaining(self) -> int:
@@ -329,6 +331,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         they hold the lower bound this view started from: merge the states of every rank
         with :meth:`merge_state_dicts` before resuming elsewhere.
         """
+        self._plans.flush()  # a checkpoint's step reaches the coordinator before it is used
         if self._untracked[0] and get_worker_info() is None:
             raise RuntimeError(UNTRACKED)
         c, ws = self._cursor, self._world_size

@@ -1,22 +1,30 @@
 """The coordinator's bookkeeping, as pure functions over plain data.
 
-Ranks report their committed progress at global steps. A step is *sealed* once every rank
-of the current world size has reported it; the sealed progress of a step is the merge of the
+Ranks report their committed progress at global steps, usually several steps in one
+:class:`ReportBatch` (views coalesce their reports). A step is *sealed* once every rank of
+the current world size has reported it; the sealed progress of a step is the merge of the
 ranks' reports (each split's progress comes from its owner), i.e. exactly what
 ``merge_state_dicts`` of the ranks' own states at that step would give. Only sealed
 progress is ever handed out as a checkpoint or a starting point, so a checkpoint is always
 one consistent object.
+
+Cost: a pending step keeps one merged row of progress that each report writes its own
+splits into, so recording a rank's step is O(its splits) and sealing a step is
+O(num_splits); nothing is ever re-merged. Memory: at most ``PENDING_WINDOW`` pending steps,
+each two lists of ``num_splits`` integers and a set of the ranks that reported it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .plan import rank_splits, splits_per_rank
+from .plan import splits_per_rank
 
-# Pending steps older than this many steps behind the newest report are dropped: a rank
-# that far behind is dead or restarting, and its old steps can no longer seal.
-PENDING_WINDOW = 64
+# Pending steps older than this many steps behind the newest reported step are dropped: a
+# rank that far behind is dead or restarting, and its old steps can no longer seal. Views
+# hold back at most a few coalesced batches, far fewer steps than this.
+PENDING_WINDOW = 256
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,27 @@ class RankReport:
 
 
 @dataclass(frozen=True)
+class ReportBatch:
+    """One rank's committed progress at several global steps (one coalesced report).
+
+    ``samples[i]`` and ``positions[i]`` are the progress of the rank's owned splits, in
+    split order, after step ``steps[i]``.
+    """
+
+    rank: int
+    world_size: int
+    epoch: int
+    steps: Sequence[int]
+    samples: Sequence[Sequence[int]]
+    positions: Sequence[Sequence[int]]
+
+    @classmethod
+    def of(cls, report: RankReport) -> ReportBatch:
+        return cls(report.rank, report.world_size, report.epoch, (report.step,),
+                   (report.samples,), (report.positions,))
+
+
+@dataclass(frozen=True)
 class Sealed:
     """Merged progress of every split at a sealed global step."""
 
@@ -43,6 +72,15 @@ class Sealed:
 
 
 @dataclass
+class StepTally:
+    """A pending step: the merge so far of the reports received for it."""
+
+    samples: list[int]
+    positions: list[int]
+    ranks: set[int] = field(default_factory=set)
+
+
+@dataclass
 class Ledger:
     """Everything the coordinator must remember (and persist) about progress."""
 
@@ -50,7 +88,8 @@ class Ledger:
     world_size: int
     epoch: int = 0
     sealed: Sealed | None = None
-    pending: dict[int, dict[int, RankReport]] = field(default_factory=dict)
+    pending: dict[int, StepTally] = field(default_factory=dict)
+    newest: int = 0  # the newest step with a tally since pending was last cleared
 
     def start(self) -> Sealed:
         """Where views of the current epoch start: the latest sealed step, or zero."""
@@ -59,69 +98,139 @@ class Ledger:
         zeros = (0,) * self.num_splits
         return Sealed(self.epoch, 0, self.world_size, zeros, zeros)
 
+    def clear_pending(self) -> None:
+        self.pending.clear()
+        self.newest = 0
+
 
 class StaleReport(ValueError):
     """A report that does not belong to the coordinator's current world size or epoch."""
 
 
 def record(ledger: Ledger, report: RankReport) -> Sealed | None:
-    """Add ``report``; returns the newly sealed step, if this report completed one.
+    """Add one step's ``report``; returns the step it sealed, if it completed one."""
+    sealed = record_batch(ledger, ReportBatch.of(report))
+    return sealed[-1] if sealed else None
 
-    Idempotent: repeating a report (a retry) changes nothing; a report that contradicts
-    an earlier one for the same (rank, step) is refused.
+
+def record_batch(ledger: Ledger, batch: ReportBatch) -> list[Sealed]:
+    """Add ``batch``; returns the steps it sealed, oldest first.
+
+    Idempotent: repeating a report (a retry) changes nothing; a report that contradicts an
+    earlier one for the same (rank, step) is refused (the batch's steps before it stay
+    recorded: they are valid). The whole batch is checked before anything is recorded.
     """
-    if report.world_size != ledger.world_size:
+    if not _current(ledger, batch):
+        return []
+    per_rank = splits_per_rank(ledger.num_splits, ledger.world_size)
+    lo, hi = batch.rank * per_rank, (batch.rank + 1) * per_rank
+    floor = ledger.sealed.step if ledger.sealed is not None and \
+        ledger.sealed.epoch == ledger.epoch else -1
+    newly: list[Sealed] = []
+    for step, samples, positions in zip(batch.steps, batch.samples, batch.positions):
+        if step <= floor:
+            continue  # already sealed (a retry or a late duplicate)
+        tally = ledger.pending.get(step)
+        if tally is None:
+            if step < ledger.newest - PENDING_WINDOW:
+                continue  # that step was dropped: it can no longer seal
+            tally = _open(ledger, step)
+        if batch.rank in tally.ranks:
+            if tally.samples[lo:hi] != list(samples) or \
+                    tally.positions[lo:hi] != list(positions):
+                raise ValueError(
+                    f"rank {batch.rank} reported two different progresses for step {step}"
+                )
+            continue
+        tally.samples[lo:hi] = samples
+        tally.positions[lo:hi] = positions
+        tally.ranks.add(batch.rank)
+        if len(tally.ranks) == ledger.world_size:
+            newly.append(_seal(ledger, step))
+            floor = step
+    return newly
+
+
+def _current(ledger: Ledger, batch: ReportBatch) -> bool:
+    """Whether ``batch`` belongs to the current epoch; raises if it is malformed or stale."""
+    if batch.world_size != ledger.world_size:
         raise StaleReport(
-            f"report from rank {report.rank} of world size {report.world_size}, but the run "
+            f"report from rank {batch.rank} of world size {batch.world_size}, but the run "
             f"was resized to {ledger.world_size}; restart this view from the coordinator"
         )
-    if report.epoch < ledger.epoch:
-        return None  # a slow rank finishing an epoch the others already left
-    if report.epoch > ledger.epoch:
+    if batch.epoch < ledger.epoch:
+        return False  # a slow rank finishing an epoch the others already left
+    if batch.epoch > ledger.epoch:
         raise StaleReport(
-            f"report for epoch {report.epoch} but the coordinator is on epoch "
+            f"report for epoch {batch.epoch} but the coordinator is on epoch "
             f"{ledger.epoch}; move to a new epoch with set_epoch() first"
         )
-    if not 0 <= report.rank < ledger.world_size:
-        raise ValueError(f"rank {report.rank} is not in [0, {ledger.world_size})")
-    if len(report.samples) != splits_per_rank(ledger.num_splits, ledger.world_size):
-        raise ValueError(f"rank {report.rank} reported {len(report.samples)} splits")
-    sealed = ledger.sealed
-    if sealed is not None and sealed.epoch == report.epoch and report.step <= sealed.step:
-        return None  # already sealed (a retry or a late duplicate)
-    reports = ledger.pending.setdefault(report.step, {})
-    previous = reports.get(report.rank)
-    if previous is not None and previous != report:
+    if not 0 <= batch.rank < ledger.world_size:
+        raise ValueError(f"rank {batch.rank} is not in [0, {ledger.world_size})")
+    if not len(batch.steps) == len(batch.samples) == len(batch.positions):
         raise ValueError(
-            f"rank {report.rank} reported two different progresses for step {report.step}"
+            f"rank {batch.rank} sent {len(batch.steps)} steps with {len(batch.samples)} "
+            f"sample and {len(batch.positions)} position lists; send one of each per step"
         )
-    reports[report.rank] = report
-    newest = max(ledger.pending)
-    for old in [s for s in ledger.pending if s < newest - PENDING_WINDOW]:
-        del ledger.pending[old]
-    if len(reports) < ledger.world_size:
-        return None
-    return _seal(ledger, report.step)
+    per_rank = splits_per_rank(ledger.num_splits, ledger.world_size)
+    for samples, positions in zip(batch.samples, batch.positions):
+        if len(samples) != per_rank or len(positions) != per_rank:
+            raise ValueError(f"rank {batch.rank} reported {len(samples)} splits, "
+                             f"but owns {per_rank}")
+    return True
+
+
+def _open(ledger: Ledger, step: int) -> StepTally:
+    """A new tally for ``step``, dropping the steps that fell out of the window."""
+    tally = StepTally([0] * ledger.num_splits, [0] * ledger.num_splits)
+    ledger.pending[step] = tally
+    if step > ledger.newest:
+        ledger.newest = step
+        for old in [s for s in ledger.pending if s < step - PENDING_WINDOW]:
+            del ledger.pending[old]
+    return tally
 
 
 def _seal(ledger: Ledger, step: int) -> Sealed:
-    reports = ledger.pending.pop(step)
-    samples = [0] * ledger.num_splits
-    positions = [0] * ledger.num_splits
-    for r in reports.values():
-        for k, split in enumerate(rank_splits(r.rank, ledger.world_size, ledger.num_splits)):
-            samples[split], positions[split] = r.samples[k], r.positions[k]
-    ledger.sealed = Sealed(ledger.epoch, step, ledger.world_size, tuple(samples), tuple(positions))
+    tally = ledger.pending.pop(step)
+    ledger.sealed = Sealed(ledger.epoch, step, ledger.world_size, tuple(tally.samples),
+                           tuple(tally.positions))
     for older in [s for s in ledger.pending if s < step]:
-        del ledger.pending[older]
+        del ledger.pending[older]  # a newer step sealed: these are never handed out
     return ledger.sealed
+
+
+@dataclass
+class History:
+    """The newest sealed steps (for ``state_dict(step=...)``): at most ``max_steps``, and
+    fewer with many splits, so that they hold at most ``max_values`` integers."""
+
+    max_steps: int = 1024
+    max_values: int = 1 << 20
+    steps: dict[tuple[int, int], Sealed] = field(default_factory=dict)  # oldest first
+
+    def add(self, sealed: Sealed) -> None:
+        self.steps[(sealed.epoch, sealed.step)] = sealed
+        keep = max(1, min(self.max_steps, self.max_values // (2 * len(sealed.samples) or 1)))
+        while len(self.steps) > keep:
+            del self.steps[next(iter(self.steps))]
+
+    def get(self, epoch: int, step: int) -> Sealed:
+        sealed = self.steps.get((epoch, step))
+        if sealed is None:
+            have = sorted(s for e, s in self.steps if e == epoch)
+            raise ValueError(
+                f"step {step} of epoch {epoch} is not sealed or no longer kept; sealed steps "
+                f"held: {have[:1] + have[-1:] if have else 'none'}"
+            )
+        return sealed
 
 
 def resize(ledger: Ledger, world_size: int) -> Sealed:
     """Move to ``world_size``: views restart from the latest sealed step, pending is dropped."""
     splits_per_rank(ledger.num_splits, world_size)
     ledger.world_size = world_size
-    ledger.pending.clear()
+    ledger.clear_pending()
     return ledger.start()
 
 
@@ -131,7 +240,7 @@ def advance_epoch(ledger: Ledger, epoch: int) -> None:
         raise ValueError(f"cannot go back from epoch {ledger.epoch} to {epoch}")
     if epoch != ledger.epoch:
         ledger.epoch = epoch
-        ledger.pending.clear()
+        ledger.clear_pending()
 
 
 def restore(ledger: Ledger, sealed: Sealed) -> None:
@@ -147,4 +256,4 @@ def restore(ledger: Ledger, sealed: Sealed) -> None:
         return
     ledger.epoch = sealed.epoch
     ledger.sealed = sealed
-    ledger.pending.clear()
+    ledger.clear_pending()

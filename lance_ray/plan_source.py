@@ -3,7 +3,7 @@
 ``LocalPlans`` builds the plan in the view's own process (like the reference);
 ``RayTaskPlans`` builds it in a Ray task (when Ray is up), so the trainer holds only its
 own splits;
-``coordinator.CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
+``coordinator_plans.CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
 Local and Ray-task sources build the next epoch's plan in the background as soon as an
 epoch's plan is handed over, so no epoch after the first waits for its plan.
 """
@@ -32,8 +32,13 @@ class PlanSource(Protocol):
         ...
 
     def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int]) -> None:
-        """Record a rank's committed progress on its own splits after global step ``step``."""
+               samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
+        """Record a rank's committed progress on its own splits after global step ``step``
+        (``final``: the rank's epoch ends there). May be sent later, coalesced."""
+        ...
+
+    def flush(self) -> None:
+        """Return once every report made so far is recorded (before a checkpoint)."""
         ...
 
     def set_epoch(self, epoch: int) -> None:
@@ -72,7 +77,10 @@ class LocalPlans:
         self.__init__(state["table"], state["rows_after_filter"])  # type: ignore[misc]
 
     def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int]) -> None:
+               samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
+        return None
+
+    def flush(self) -> None:
         return None
 
     def set_epoch(self, epoch: int) -> None:

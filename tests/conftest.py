@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 # Before ray is imported anywhere: no auth tokens, no progress bars, no usage reporting.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -29,6 +31,18 @@ import lancedb  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
+
+
+def wait_sealed(coord: Any, step: int, timeout: float = 20.0) -> dict:
+    """The coordinator's status once it sealed ``step`` (views' reports are coalesced, so
+    the last steps arrive within the report interval)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = coord.status()
+        if status["sealed_step"] >= step:
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never sealed: {coord.status()}")
 
 
 def write_table(path: str, n: int, *, fragments: int = 2, dim: int = 4, name: str = "t"):

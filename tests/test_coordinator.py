@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 import ray
+from conftest import wait_sealed
 
 import lance_ray
 from lance_ray.coordinator import Coordinator
 from lance_ray.ledger import StaleReport
+from lance_ray.reporting import ReportPolicy
 from lance_ray.verify import compare_steps, coverage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
@@ -40,16 +42,6 @@ def step_views(views, steps: int | None = None) -> list[list[int]]:
             break
         out.append([i for p in parts for i in p])
     return out
-
-
-def wait_sealed(coord: Coordinator, step: int, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = coord.status()
-        if status["sealed_step"] >= step:
-            return status
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} never sealed: {coord.status()}")
 
 
 def local_views(coord: Coordinator, world_size: int):
@@ -138,7 +130,7 @@ def test_a_restarted_trainer_picks_up_from_the_sealed_step(coord_factory, table_
 
 
 def test_resize_2_to_4_to_1_is_exactly_once_with_identical_global_steps(coord_factory, table_1k):
-    coord = coord_factory("resize")
+    coord = coord_factory("resize", report_policy=ReportPolicy(every_batches=1))
     two = local_views(coord, 2)
     steps = step_views(two, 7)
     wait_sealed(coord, 7)
@@ -183,3 +175,29 @@ def test_epochs_advance_for_all_views_without_recreating_the_coordinator(coord_f
     ids = [b["id"].tolist() for v in views for b in v.iter_batches(8)]
     ref = lance_ray.StreamingDataset(table_1k, num_splits=NUM_SPLITS, epoch=1, reader="local")
     assert sorted(i for b in ids for i in b) == sorted(r["id"] for r in ref)
+
+
+def test_a_checkpoint_state_dict_waits_until_its_step_is_recorded(coord_factory):
+    # Reports would otherwise wait a minute: only the checkpoint can have sent them.
+    coord = coord_factory("checkpoint_flush",
+                          report_policy=ReportPolicy(every_batches=128, every_s=60))
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    iters = [v.iter_batches(GLOBAL_BATCH // 2) for v in views]
+    step_views(iters, 6)
+    assert coord.status()["sealed_step"] == 0
+    states = [v.state_dict() for v in views]  # what lance_ray.train.report saves
+    status = coord.status()
+    assert status["sealed_step"] == 6
+    assert {r: p["step"] for r, p in status["ranks"].items()} == {0: 6, 1: 6}
+    merged = lance_ray.merge_state_dicts(states)
+    sealed = coord.state_dict(step=6)
+    for key in ("samples_consumed_per_split", "positions_consumed_per_split"):
+        assert sealed[key] == merged[key]
+
+
+def test_status_is_current_within_the_report_interval_when_views_stop(coord_factory):
+    coord = coord_factory("status_lag", report_policy=ReportPolicy(every_batches=128,
+                                                                   every_s=0.2))
+    step_views(local_views(coord, 2), 4)  # the views are dropped with steps still buffered
+    status = wait_sealed(coord, 4)
+    assert status["report_policy"]["every_s"] == 0.2

@@ -1,4 +1,5 @@
-"""The coordinator's bookkeeping, without Ray: sealing, idempotence, staleness, resize."""
+"""The coordinator's bookkeeping, without Ray: sealing, idempotence, staleness, resize,
+coalesced reports and the memory bound."""
 
 from __future__ import annotations
 
@@ -88,3 +89,120 @@ def test_sealed_progress_equals_merge_state_dicts_of_the_ranks_states(world_size
     merged = merge_state_dicts(states)
     assert list(ledger.sealed.samples) == merged["samples_consumed_per_split"]
     assert list(ledger.sealed.positions) == merged["positions_consumed_per_split"]
+
+
+def rank_state(identity: PlanIdentity, start: tuple[list[int], list[int]], rank: int,
+               world_size: int, consumed: int, step: int) -> tuple[lg.RankReport, dict]:
+    """Rank ``rank``'s report and its own state dict after ``consumed`` samples from
+    ``start`` (full per-split samples and positions), as a view would make them."""
+    n = identity.num_splits
+    splits = rank_splits(rank, world_size, n)
+    stream = stream_for(splits, start[0], start[1], identity.split_len)
+    done = stream.advanced(min(consumed, len(stream)))
+    samples, positions = list(start[0]), list(start[1])
+    for k, split in enumerate(splits):
+        samples[split], positions[split] = done.samples[k], done.positions[k]
+    state = make_state(identity, samples, positions, world_size=world_size,
+                       rank=None if world_size == 1 else rank, global_step=step)
+    return lg.RankReport(rank, world_size, 0, step, done.samples, done.positions), state
+
+
+@hs.composite
+def runs(draw):
+    """A topology, a start point, and every rank's reports of steps 1..steps, delivered
+    as coalesced batches in a random order, with retries and late duplicates."""
+    num_splits = draw(hs.sampled_from([1, 2, 4, 6, 8, 12, 16]))
+    world_size = draw(hs.sampled_from(valid_world_sizes(num_splits)))
+    split_len = draw(hs.integers(1, 30))
+    start_samples = draw(hs.lists(hs.integers(0, split_len), min_size=num_splits,
+                                  max_size=num_splits))
+    skips = draw(hs.lists(hs.integers(0, split_len), min_size=num_splits, max_size=num_splits))
+    start = (start_samples, [min(split_len, s + k) for s, k in zip(start_samples, skips)])
+    identity = PlanIdentity(num_splits, 0, 0, split_len, 1, "f", True, None, None)
+    batch = draw(hs.integers(1, 5))
+    steps = draw(hs.integers(1, 25))
+    states: dict[int, list[dict]] = {}
+    batches = []
+    for rank in range(world_size):
+        reports = []
+        for step in range(1, steps + 1):
+            report, state = rank_state(identity, start, rank, world_size, batch * step, step)
+            states.setdefault(step, []).append(state)
+            reports.append(report)
+        cuts = sorted(draw(hs.sets(hs.integers(1, steps), max_size=steps)) | {steps})
+        lo = 0
+        for hi in cuts:
+            part = reports[lo:hi]
+            batches.append(lg.ReportBatch(rank, world_size, 0, [r.step for r in part],
+                                          [r.samples for r in part],
+                                          [r.positions for r in part]))
+            lo = hi
+    order = draw(hs.permutations(batches))
+    retried = draw(hs.lists(hs.sampled_from(batches), max_size=6))
+    return num_splits, world_size, states, list(order) + retried, steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(run=runs())
+def test_every_sealed_step_equals_merge_state_dicts_under_any_batching_and_report_order(run):
+    num_splits, world_size, states, batches, steps = run
+    ledger = lg.Ledger(num_splits, world_size)
+    sealed_steps = []
+    for batch in batches:
+        for sealed in lg.record_batch(ledger, batch):
+            merged = merge_state_dicts(states[sealed.step])
+            assert list(sealed.samples) == merged["samples_consumed_per_split"]
+            assert list(sealed.positions) == merged["positions_consumed_per_split"]
+            sealed_steps.append(sealed.step)
+        assert len(ledger.pending) <= lg.PENDING_WINDOW + 1
+    assert sealed_steps == sorted(set(sealed_steps))  # each step seals once, in order
+    assert ledger.sealed is not None and ledger.sealed.step == steps
+    assert not ledger.pending
+
+
+def test_pending_steps_stay_within_the_window_when_a_rank_stops_reporting():
+    ledger = lg.Ledger(8, 2)
+    for step in range(1, 3 * lg.PENDING_WINDOW):
+        lg.record(ledger, report_at(0, 2, step % 200, step))  # rank 1 is dead
+    assert len(ledger.pending) == lg.PENDING_WINDOW + 1
+    late = report_at(1, 2, 1, 1)
+    assert lg.record(ledger, late) is None and 1 not in ledger.pending  # too late to seal
+    step = 3 * lg.PENDING_WINDOW - 1
+    assert lg.record(ledger, report_at(1, 2, step % 200, step)).step == step
+    assert not ledger.pending
+
+
+def test_a_malformed_batch_is_refused_before_anything_is_recorded():
+    ledger = lg.Ledger(8, 2)
+    good = report_at(0, 2, 4, 1)
+    with pytest.raises(ValueError, match="reported 3 splits, but owns 4"):
+        lg.record_batch(ledger, lg.ReportBatch(0, 2, 0, [1, 2], [good.samples, (1, 1, 1)],
+                                               [good.positions, (1, 1, 1)]))
+    with pytest.raises(ValueError, match="2 steps with 1 sample"):
+        lg.record_batch(ledger, lg.ReportBatch(0, 2, 0, [1, 2], [good.samples],
+                                               [good.positions] * 2))
+    assert not ledger.pending
+
+
+def test_one_batch_can_seal_several_steps():
+    ledger = lg.Ledger(8, 2)
+    reports = [report_at(1, 2, 2 * s, s) for s in (1, 2, 3)]
+    lg.record_batch(ledger, lg.ReportBatch(1, 2, 0, [1, 2, 3], [r.samples for r in reports],
+                                           [r.positions for r in reports]))
+    mine = [report_at(0, 2, 2 * s, s) for s in (1, 2, 3)]
+    sealed = lg.record_batch(ledger, lg.ReportBatch(0, 2, 0, [1, 2, 3],
+                                                    [r.samples for r in mine],
+                                                    [r.positions for r in mine]))
+    assert [s.step for s in sealed] == [1, 2, 3]
+
+
+def test_history_holds_a_bounded_number_of_integers_and_names_what_it_still_has():
+    history = lg.History(max_steps=100, max_values=64)
+    zeros = (0,) * 8
+    for step in range(1, 20):
+        history.add(lg.Sealed(0, step, 2, zeros, zeros))
+    assert [s for _, s in history.steps] == [16, 17, 18, 19]  # 4 steps x 2 x 8 integers
+    assert history.get(0, 17).step == 17
+    with pytest.raises(ValueError, match=r"step 3 of epoch 0 is not sealed or no longer kept; "
+                                         r"sealed steps held: \[16, 19\]"):
+        history.get(0, 3)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import write_table
+from conftest import wait_sealed, write_table
 
 import lance_ray
 from lance_ray.coordinator import Coordinator
@@ -56,6 +56,7 @@ def test_a_paused_run_resumes_exactly_on_its_pinned_version_after_changes_and_cl
     coord = Coordinator.create(fresh_table, "pinned", storage_path=store, world_size=2,
                                num_splits=8)
     before = drain(views(coord), steps=10)
+    wait_sealed(coord, 10)  # the views' last, coalesced reports
     coord.state_dict()  # make the sealed step durable, as a checkpoint would
     coord.kill()
     mutate_and_clean_up(fresh_table)
