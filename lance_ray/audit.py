@@ -1,7 +1,8 @@
 """Sample audit logs: which sample ids each rank trained on at each global step.
 
 A training attempt (one start of the worker group) writes ``attempt.json`` (which step it
-resumed from) and one JSON-lines file per rank. :func:`lineage` rebuilds the steps that the
+resumed from), one JSON-lines file per rank, and ``checkpoints.jsonl`` (the steps whose
+checkpoint it committed, and when). :func:`lineage` rebuilds the steps that the
 final model descends from: an attempt that resumed from step ``c`` replaces everything the
 earlier attempts logged after ``c`` (those steps died with the crashed attempt).
 """
@@ -17,15 +18,38 @@ from typing import IO
 
 from .state import read_json, write_json_atomic
 
+CHECKPOINTS_FILE = "checkpoints.jsonl"
+
 
 @dataclass(frozen=True)
 class Attempt:
-    """One start of the worker group."""
+    """One start of the worker group. ``view_s``: how long rank 0 took to build its view
+    (the data path's share of a start, before the first read)."""
 
     attempt: str
     resumed_from_step: int
     world_size: int
     started: float
+    view_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One global step of an attempt, over all its ranks."""
+
+    step: int
+    t: float  # when the last rank logged it
+    samples: int
+    wait_s: float  # the slowest rank's data wait for its batch
+
+
+@dataclass(frozen=True)
+class AttemptLog:
+    """An attempt's steps (in step order) and the checkpoints it committed ``(step, t)``."""
+
+    attempt: Attempt
+    steps: list[StepRecord]
+    checkpoints: list[tuple[int, float]]
 
 
 def new_attempt_id() -> str:
@@ -48,40 +72,60 @@ class SampleLog:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def checkpoint(self, step: int) -> None:
+        """Log that the checkpoint of ``step`` is committed (call it on one rank)."""
+        with open(self.dir / CHECKPOINTS_FILE, "a") as f:
+            f.write(json.dumps({"step": step, "t": time.time()}) + "\n")
+
     def close(self) -> None:
         self._file.close()
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _attempt_dirs(root: str | Path) -> list[tuple[Attempt, Path]]:
+    """Every attempt under ``root`` in start order."""
+    found = [(Attempt(**read_json(d / "attempt.json")), d)
+             for d in Path(root).iterdir() if (d / "attempt.json").exists()]
+    return sorted(found, key=lambda a: a[0].started)
+
+
+def _rank_records(d: Path) -> list[list[dict]]:
+    files = sorted(d.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:]))
+    return [_jsonl(f) for f in files]
 
 
 def read_attempts(root: str | Path) -> list[tuple[Attempt, dict[int, list[int]]]]:
     """Every attempt under ``root`` in start order, with its steps (ranks concatenated)."""
     out = []
-    for d in sorted(p for p in Path(root).iterdir() if (p / "attempt.json").exists()):
-        attempt = Attempt(**read_json(d / "attempt.json"))
+    for attempt, d in _attempt_dirs(root):
         steps: dict[int, list[int]] = {}
-        for rank_file in sorted(d.glob("rank*.jsonl"), key=lambda p: int(p.stem[4:])):
-            for line in rank_file.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    steps.setdefault(rec["step"], []).extend(rec["ids"])
+        for records in _rank_records(d):
+            for rec in records:
+                steps.setdefault(rec["step"], []).extend(rec["ids"])
         out.append((attempt, steps))
-    out.sort(key=lambda a: a[0].started)
     return out
 
 
-def timeline(root: str | Path) -> list[tuple[float, int, float]]:
-    """``(time, samples, max data wait over ranks)`` of every logged step of every attempt."""
+def read_attempt_logs(root: str | Path) -> list[AttemptLog]:
+    """Every attempt under ``root`` in start order, with per-step times and checkpoints."""
     out = []
-    for d in sorted(p for p in Path(root).iterdir() if (p / "attempt.json").exists()):
+    for attempt, d in _attempt_dirs(root):
         per_step: dict[int, list[dict]] = {}
-        for rank_file in d.glob("rank*.jsonl"):
-            for line in rank_file.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    per_step.setdefault(rec["step"], []).append(rec)
-        for recs in per_step.values():
-            out.append((max(r.get("t", 0.0) for r in recs), sum(len(r["ids"]) for r in recs),
-                        max(r.get("wait_s", 0.0) for r in recs)))
-    return sorted(out)
+        for records in _rank_records(d):
+            for rec in records:
+                per_step.setdefault(rec["step"], []).append(rec)
+        steps = [StepRecord(s, max(r.get("t", 0.0) for r in recs),
+                            sum(len(r["ids"]) for r in recs),
+                            max(r.get("wait_s", 0.0) for r in recs))
+                 for s, recs in sorted(per_step.items())]
+        ckpt_file = d / CHECKPOINTS_FILE
+        checkpoints = ([(c["step"], c["t"]) for c in _jsonl(ckpt_file)]
+                       if ckpt_file.exists() else [])
+        out.append(AttemptLog(attempt, steps, checkpoints))
+    return out
 
 
 def lineage(root: str | Path) -> list[list[int]]:
