@@ -219,7 +219,7 @@ def run_trainer_trials(trials: int, seed: int, kinds: tuple[str, ...], work: Pat
     create_table(str(work / "db"), "demo", rows=shape.rows, dim=16, fragments=3)
     cluster = Cluster(initialize_head=True, connect=True, head_node_args={
         "num_cpus": 1, "resources": {"slot": 2}, "include_dashboard": False,
-        "temp_dir": str(work / "ray")})
+        "temp_dir": str(work / "r")})  # short: Ray puts unix sockets under it
     runner = chaos_trainer.TrialRunner(cluster, work, work / "db", shape)
     out = []
     try:
@@ -246,7 +246,7 @@ def trainer_main(args: argparse.Namespace) -> bool:
     shape = chaos_trainer.RunShape(rows=args.rows or chaos_trainer.RunShape.rows)
     trials = run_trainer_trials(args.trials, args.seed, kinds, work, shape)
     ok = chaos_report.print_trials(trials)
-    chaos_report.print_recoveries(trials, shape.step_delay_s)
+    chaos_report.print_recoveries(trials, shape)
     if args.json:
         Path(args.json).write_text(json.dumps([t.summary() for t in trials], indent=1))
     print(f"run logs and sample logs: {work}")

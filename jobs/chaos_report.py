@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from chaos_trainer import TrainerTrial, world_sizes
+from chaos_trainer import RunShape, TrainerTrial, world_sizes
 
 from lance_ray.audit import AttemptLog
 
@@ -40,8 +40,8 @@ def first_batch(a: AttemptLog, step_delay_s: float) -> float:
     return a.steps[0].t - step_delay_s
 
 
-def recoveries(trial: TrainerTrial, step_delay_s: float) -> list[Recovery]:
-    out = []
+def recoveries(trial: TrainerTrial, shape: RunShape) -> list[Recovery]:
+    step_delay_s, out = shape.step_delay(trial.kind), []
     for a in trial.attempts[1:]:
         before = [(what, t) for what, t in trial.events if t < a.attempt.started]
         if not a.steps or not before:
@@ -84,10 +84,10 @@ def print_trials(trials: list[TrainerTrial]) -> bool:
     return ok
 
 
-def print_recoveries(trials: list[TrainerTrial], step_delay_s: float) -> None:
+def print_recoveries(trials: list[TrainerTrial], shape: RunShape) -> None:
     """Recovery times per restart, and medians per cause against a fresh start."""
     fresh = fresh_data_shares(trials)
-    rows = [r for t in trials for r in recoveries(t, step_delay_s)]
+    rows = [r for t in trials for r in recoveries(t, shape)]
     print(f"\n{'trial':>5} {'cause':<14} {'ws':>2} {'total s':>8} {'data s':>7} "
           f"{'Ray s':>7} {'data / fresh':>12}")
     for r in rows:
@@ -95,7 +95,7 @@ def print_recoveries(trials: list[TrainerTrial], step_delay_s: float) -> None:
         ratio = f"{r.data_s / base:.2f}x" if base else "-"
         print(f"{r.trial:>5} {r.cause:<14} {r.world_size:>2} {r.total_s:>8.1f} "
               f"{r.data_s:>7.2f} {r.total_s - r.data_s:>7.1f} {ratio:>12}")
-    starts = [first_batch(t.attempts[0], step_delay_s) - t.launched
+    starts = [first_batch(t.attempts[0], shape.step_delay(t.kind)) - t.launched
               for t in trials if t.attempts and t.attempts[0].steps]
     if starts:
         shares = ", ".join(f"{ws} workers {s:.2f} s" for ws, s in sorted(fresh.items()))

@@ -47,6 +47,7 @@ from lance_ray.verify import CoverageReport
 logger = logging.getLogger("chaos")
 JOBS = Path(__file__).resolve().parent
 KINDS = ("sigkill", "node", "coordinator", "report", "resize", "elastic")
+RESIZING = ("node", "resize", "elastic")  # kinds whose run changes world size mid-epoch
 NODE = {"num_cpus": 1, "resources": {"slot": 2}}
 T = TypeVar("T")
 
@@ -55,17 +56,23 @@ T = TypeVar("T")
 class RunShape:
     """The training run every trial repeats."""
 
-    rows: int = 1440
+    rows: int = 2880
     global_batch: int = 48
     num_splits: int = 12  # every world size in 2..4 divides it
     checkpoint_every: int = 5
     step_delay_s: float = 0.25
+    # Runs that must resize mid-epoch step slower: Ray Train takes 10-30 s to notice a
+    # node here, and a group restart takes about a minute on this 2-core machine.
+    resize_step_delay_s: float = 0.5
     resize_interval_s: float = 5.0
     timeout_s: float = 420.0
 
     @property
     def steps(self) -> int:
         return self.rows // self.global_batch
+
+    def step_delay(self, kind: str) -> float:
+        return self.resize_step_delay_s if kind in RESIZING else self.step_delay_s
 
 
 @dataclass
@@ -100,7 +107,10 @@ class TrainerTrial:
                 "restarts": self.restarts, "world_sizes": world_sizes(self.attempts),
                 "duplicates": r.duplicates if r else None, "lost": r.lost if r else None,
                 "steps_identical": bool(r and r.steps_identical),
-                "lost_checkpoints": self.lost_checkpoints, "error": self.error}
+                "lost_checkpoints": self.lost_checkpoints, "error": self.error,
+                "detail": self.detail, "launched": self.launched, "events": self.events,
+                "steps_per_attempt": [len(a.steps) for a in self.attempts],
+                "resumed_from": [a.attempt.resumed_from_step for a in self.attempts]}
 
 
 def world_sizes(attempts: list[AttemptLog]) -> str:
@@ -115,13 +125,13 @@ class TrialRunner:
 
     # ------------------------------------------------------------ the run
 
-    def launch(self, name: str) -> subprocess.Popen:
+    def launch(self, name: str, kind: str) -> subprocess.Popen:
         s = self.shape
         cmd = [sys.executable, str(JOBS / "train.py"), "--address", self.cluster.address,
                "--db", str(self.db), "--table", "demo", "--name", name,
                "--storage-path", str(self.work / "storage"), "--min-workers", "2",
                "--workers", "4", "--resize-interval", str(s.resize_interval_s),
-               "--step-delay", str(s.step_delay_s), "--num-splits", str(s.num_splits),
+               "--step-delay", str(s.step_delay(kind)), "--num-splits", str(s.num_splits),
                "--global-batch", str(s.global_batch),
                "--checkpoint-every", str(s.checkpoint_every), "--max-failures", "10"]
         out = open(self.work / f"{name}.log", "w")  # noqa: SIM115 (the child owns it)
@@ -242,7 +252,7 @@ class TrialRunner:
             self.cluster.add_node(**NODE)
             self.cluster.wait_for_nodes()
         trial.launched = time.time()
-        proc = self.launch(name)
+        proc = self.launch(name, kind)
         deadline = time.monotonic() + self.shape.timeout_s
         try:
             self.inject(trial, proc, log_dir, deadline)
@@ -300,6 +310,6 @@ def pick_steps(rng: random.Random, kinds: tuple[str, ...], trials: int,
     out = []
     for i in range(trials):
         kind = kinds[i % len(kinds)]
-        hi = shape.steps // 3 if kind in ("resize", "elastic", "node") else shape.steps - 6
-        out.append((kind, rng.randint(3, max(hi, 4))))
+        hi = 8 if kind in RESIZING else shape.steps - 6
+        out.append((kind, rng.randint(3, hi)))
     return out
