@@ -227,8 +227,9 @@ def run_trainer_trials(trials: int, seed: int, kinds: tuple[str, ...], work: Pat
         for i, (kind, step) in enumerate(plan):
             started = time.monotonic()
             trial = runner.run(i, kind, step)
-            logger.info("trial %d: %s at step %d -> %s in %.0fs %s", i, kind, trial.step,
-                        "ok" if trial.ok else "FAIL", time.monotonic() - started, trial.error)
+            logger.info("trial %d: %s at step %d -> %s in %.0fs: %s", i, kind, trial.step,
+                        "ok" if trial.ok else "FAIL", time.monotonic() - started,
+                        json.dumps(trial.summary()))
             out.append(trial)
     finally:
         ray.shutdown()

@@ -271,7 +271,7 @@ class TrialRunner:
             trial.lost_checkpoints = lost_checkpoints(trial.attempts)
         except Exception as e:  # noqa: BLE001 - a run that left no provable log
             trial.error = trial.error or f"verify: {type(e).__name__}: {e}"
-        if kind == "report" and trial.attempts:
+        if kind == "report" and trial.attempts and trial.detail:
             trial.detail += " " + in_report(trial, log_dir)
         return trial
 
