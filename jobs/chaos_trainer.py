@@ -65,7 +65,7 @@ class RunShape:
     # node here, and a group restart takes about a minute on this 2-core machine.
     resize_step_delay_s: float = 0.5
     resize_interval_s: float = 5.0
-    timeout_s: float = 900.0  # per trial; a loaded 2-core machine is slow
+    timeout_s: float = 1800.0  # per trial: a resize trial took 870 s on the loaded 2-core box
 
     @property
     def steps(self) -> int:
