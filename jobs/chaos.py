@@ -2,6 +2,13 @@
 way Ray Train does, and prove exactly-once coverage every time.
 
     python jobs/chaos.py --trials 24 [--seed 0]
+    python jobs/chaos.py --trainer --trials 20 [--seed 0] [--kinds sigkill,node,...]
+
+``--trainer`` runs the trials in real TorchTrainer runs (``jobs/train.py``, elastic over
+2..4 workers): SIGKILL of a train worker, node removal, a coordinator kill, a kill inside
+``lance_ray.train.report``, a kill during an elastic resize, and a plain grow-and-shrink;
+see ``jobs/chaos_trainer.py``. It prints the proof table and the recovery times.
+Without it, the trials below use stand-in rank actors:
 
 Each trial runs one epoch on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``,
 head + 2 worker nodes). Ranks are actors spread over the worker nodes; every
@@ -25,6 +32,7 @@ uninterrupted run.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -41,6 +49,8 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chaos_report  # noqa: E402
+import chaos_trainer  # noqa: E402
 from make_table import create_table  # noqa: E402
 
 import lance_ray  # noqa: E402
@@ -201,12 +211,63 @@ def print_table(trials: list[Trial]) -> bool:
     return ok
 
 
+def run_trainer_trials(trials: int, seed: int, kinds: tuple[str, ...], work: Path,
+                       shape: chaos_trainer.RunShape) -> list[chaos_trainer.TrainerTrial]:
+    """``trials`` faults in real TorchTrainer runs on a cluster of this process's own."""
+    from ray.cluster_utils import Cluster
+
+    create_table(str(work / "db"), "demo", rows=shape.rows, dim=16, fragments=3)
+    cluster = Cluster(initialize_head=True, connect=True, head_node_args={
+        "num_cpus": 1, "resources": {"slot": 2}, "include_dashboard": False,
+        "temp_dir": str(work / "r")})  # short: Ray puts unix sockets under it
+    runner = chaos_trainer.TrialRunner(cluster, work, work / "db", shape)
+    out = []
+    try:
+        plan = chaos_trainer.pick_steps(random.Random(seed), kinds, trials, shape)
+        for i, (kind, step) in enumerate(plan):
+            started = time.monotonic()
+            trial = runner.run(i, kind, step)
+            logger.info("trial %d: %s at step %d -> %s in %.0fs: %s", i, kind, trial.step,
+                        "ok" if trial.ok else "FAIL", time.monotonic() - started,
+                        json.dumps(trial.summary()))
+            out.append(trial)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return out
+
+
+def trainer_main(args: argparse.Namespace) -> bool:
+    kinds = tuple(args.kinds.split(",")) if args.kinds else chaos_trainer.KINDS
+    unknown = set(kinds) - set(chaos_trainer.KINDS)
+    if unknown:
+        raise SystemExit(f"unknown --kinds {sorted(unknown)}; choose from {chaos_trainer.KINDS}")
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="lrchaos_")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    shape = chaos_trainer.RunShape(rows=args.rows or chaos_trainer.RunShape.rows)
+    trials = run_trainer_trials(args.trials, args.seed, kinds, work, shape)
+    ok = chaos_report.print_trials(trials)
+    chaos_report.print_recoveries(trials, shape)
+    if args.json:
+        Path(args.json).write_text(json.dumps([t.summary() for t in trials], indent=1))
+    print(f"run logs and sample logs: {work}")
+    return ok
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=24)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trainer", action="store_true", help="faults in real TorchTrainer runs")
+    p.add_argument("--kinds", default="", help="--trainer: comma-separated fault kinds "
+                   f"(default: all of {','.join(chaos_trainer.KINDS)}, taking turns)")
+    p.add_argument("--rows", type=int, default=0, help="--trainer: table rows")
+    p.add_argument("--workdir", default="", help="--trainer: where tables, Ray and logs go")
+    p.add_argument("--json", default="", help="--trainer: write the trial summaries here")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.trainer:
+        sys.exit(0 if trainer_main(args) else 1)
     from ray.cluster_utils import Cluster
 
     node_args = {"num_cpus": 1, "resources": {"slot": 2}}

@@ -3,11 +3,14 @@
     ray job submit --working-dir . -- python jobs/train.py --db runs/demo/db --workers 2
     python jobs/train.py --db runs/demo/db --workers 2 --crash-at-step 30 --stop-at-step 60
     python jobs/train.py --db runs/demo/db --workers 4          # resumes the same run
+    python jobs/train.py --db runs/demo/db --min-workers 2 --workers 4 --resize-interval 5
 
 Every rank logs the sample ids of each global step under ``<storage>/<name>/samples`` so
 ``jobs/verify.py`` can prove that the final model saw every sample exactly once. Re-running
 with the same ``--name`` and ``--storage-path`` resumes from the latest checkpoint, on any
-``--workers`` that divides ``--num-splits``.
+``--workers`` that divides ``--num-splits``. With ``--min-workers`` the run is elastic
+within the job: Ray Train checks every ``--resize-interval`` seconds whether the cluster
+can hold more workers and restarts the group at the new size from the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -50,8 +53,11 @@ def train_loop(config: dict[str, Any]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    announce_worker(config["log_dir"], rank, world_size)
+    view_started = time.monotonic()
     ds = lt.get_dataset(config["name"], columns=["id", "v", "label"], read_batch_size=1024,
                         ray_remote_args={"num_cpus": 0.5})
+    view_s = time.monotonic() - view_started
     model = torch.nn.Sequential(torch.nn.Linear(config["dim"], 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 10))
     saved = lt.load_model_state()
@@ -59,7 +65,8 @@ def train_loop(config: dict[str, Any]) -> None:
         model.load_state_dict(saved)
     ddp = ray.train.torch.prepare_model(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time())
+    attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time(),
+                      view_s=round(view_s, 6))
     log = SampleLog(config["log_dir"], attempt, rank)
     crash_marker = storage.join(config["log_dir"], "crash-injected")  # I/O: path or URI
     stop_at, every = config["stop_at_step"], config["checkpoint_every"]
@@ -72,6 +79,8 @@ def train_loop(config: dict[str, Any]) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if config["step_delay_s"]:
+            time.sleep(config["step_delay_s"])  # stands in for a real model's compute
         log.write(step, batch["id"].tolist(), wait_s=ds.stats.last_wait_s)
         rows += len(batch["id"])
         if (step == config["crash_at_step"] and rank == world_size - 1
@@ -82,6 +91,7 @@ def train_loop(config: dict[str, Any]) -> None:
         if step % every == 0 or step == stop_at:
             lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
             if rank == 0:
+                log.checkpoint(step)
                 done, total = len(ds) - ds.samples_remaining, len(ds)
                 rate = rows / (time.monotonic() - started)
                 logger.info("step %d %s %d/%d samples of rank 0, %.0f rows/s, ETA %.0fs, "
@@ -92,7 +102,17 @@ def train_loop(config: dict[str, Any]) -> None:
     else:
         if ds.global_step % every:
             lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
+            if rank == 0:
+                log.checkpoint(ds.global_step)
     log.close()
+
+
+def announce_worker(log_dir: str, rank: int, world_size: int) -> None:
+    """Record this train worker's pid, so fault injection (``jobs/chaos.py --trainer``)
+    can find the process of a rank in the current group."""
+    record = {"pid": os.getpid(), "rank": rank, "world_size": world_size, "t": time.time(),
+              "node": ray.get_runtime_context().get_node_id()}
+    storage.write_json_atomic(storage.join(log_dir, "workers", f"{os.getpid()}.json"), record)
 
 
 def connect(address: str | None) -> None:
@@ -116,6 +136,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--min-workers", type=int, default=None,
                    help="elastic training: ScalingConfig(num_workers=(min, --workers))")
+    p.add_argument("--resize-interval", type=float, default=60.0,
+                   help="elastic training: seconds between Ray Train's checks for a "
+                        "cluster that can hold more workers "
+                        "(ScalingConfig.elastic_resize_monitor_interval_s)")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="seconds each step sleeps, standing in for model compute")
     p.add_argument("--num-splits", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--checkpoint-every", type=int, default=20)
@@ -160,15 +186,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     coordinator = Coordinator.create(table, args.name, storage_path=ledger_dir,
                        world_size=args.workers, num_splits=args.num_splits,
                        shuffle_seed=args.seed, table_version=run["table_version"])
+    # Slots when the cluster has enough for the smallest group (an elastic run grows as
+    # slots join); CPUs otherwise, which a plain `ray.init` cluster has.
     slots = ray.cluster_resources().get("slot", 0)
-    resources = {"slot": 1} if slots >= args.workers else {"CPU": 0.5}
+    resources = {"slot": 1} if slots >= (args.min_workers or args.workers) else {"CPU": 0.5}
     scaling = ray.train.ScalingConfig(num_workers=0 if args.local_mode else num_workers,
-                                      resources_per_worker=resources)
+                                      resources_per_worker=resources,
+                                      elastic_resize_monitor_interval_s=args.resize_interval)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"name": args.name, "dim": 16, "global_batch": args.global_batch,
                            "checkpoint_every": args.checkpoint_every,
                            "stop_at_step": args.stop_at_step, "crash_at_step": args.crash_at_step,
+                           "step_delay_s": args.step_delay,
                            "log_dir": storage.join(run_dir, "samples")},
         scaling_config=scaling,
         run_config=ray.train.RunConfig(

@@ -1,7 +1,8 @@
 """Sample audit logs: which sample ids each rank trained on at each global step.
 
 A training attempt (one start of the worker group) writes ``attempt.json`` (which step it
-resumed from) and one JSON-lines file per rank. :func:`lineage` rebuilds the steps that the
+resumed from), one JSON-lines file per rank, and the steps whose checkpoint it committed,
+and when (``checkpoints.jsonl``). :func:`lineage` rebuilds the steps that the
 final model descends from: an attempt that resumed from step ``c`` replaces everything the
 earlier attempts logged after ``c`` (those steps died with the crashed attempt). The logs
 live under a local path or a URI (``s3://...``), through :mod:`lance_ray.storage`.
@@ -20,15 +21,38 @@ from typing import IO, Any
 from . import storage
 from .storage import StorageOptionsFactory
 
+CHECKPOINTS_FILE = "checkpoints.jsonl"
+
 
 @dataclass(frozen=True)
 class Attempt:
-    """One start of the worker group."""
+    """One start of the worker group. ``view_s``: how long rank 0 took to build its view
+    (the data path's share of a start, before the first read)."""
 
     attempt: str
     resumed_from_step: int
     world_size: int
     started: float
+    view_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One global step of an attempt, over all its ranks."""
+
+    step: int
+    t: float  # when the last rank logged it
+    samples: int
+    wait_s: float  # the slowest rank's data wait for its batch
+
+
+@dataclass(frozen=True)
+class AttemptLog:
+    """An attempt's steps (in step order) and the checkpoints it committed ``(step, t)``."""
+
+    attempt: Attempt
+    steps: list[StepRecord]
+    checkpoints: list[tuple[int, float]]
 
 
 def new_attempt_id() -> str:
@@ -82,6 +106,17 @@ class SampleLog:
         self._parts += 1
         self._pending.clear()
 
+    def checkpoint(self, step: int) -> None:
+        """Log that the checkpoint of ``step`` is committed (call it on one rank)."""
+        line = json.dumps({"step": step, "t": time.time()}) + "\n"
+        if self._file is not None:
+            with open(os.path.join(storage.resolve(self.dir)[1], CHECKPOINTS_FILE), "a") as f:
+                f.write(line)
+            return
+        # No appends on an object store: one small object per checkpoint.
+        storage.write_bytes_atomic(storage.join(self.dir, f"checkpoints.{step:012d}.jsonl"),
+                                   line.encode("utf-8"), storage_options=self._options)
+
     def close(self) -> None:
         self.flush()
         if self._file is not None:
@@ -89,12 +124,18 @@ class SampleLog:
 
 
 _LOG_RE = re.compile(r"^rank(\d+)(?:\.(\d+))?\.jsonl$")
+_CHECKPOINTS_RE = re.compile(r"^checkpoints(?:\.\d+)?\.jsonl$")
 
 
 def _attempt_dirs(root: str | os.PathLike[str],
                   storage_options: StorageOptionsFactory | None) -> list[str]:
     return [d for d in storage.list_dirs(root, storage_options=storage_options)
             if storage.exists(storage.join(d, "attempt.json"), storage_options=storage_options)]
+
+
+def _jsonl(path: str, storage_options: StorageOptionsFactory | None) -> list[dict[str, Any]]:
+    text = storage.read_bytes(path, storage_options=storage_options).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _records(attempt_dir: str,
@@ -105,11 +146,14 @@ def _records(attempt_dir: str,
         m = _LOG_RE.match(storage.basename(path))
         if m:
             logs.append((int(m.group(1)), int(m.group(2) or -1), path))
-    out: list[dict[str, Any]] = []
-    for _, _, path in sorted(logs):
-        text = storage.read_bytes(path, storage_options=storage_options).decode("utf-8")
-        out.extend(json.loads(line) for line in text.splitlines() if line.strip())
-    return out
+    return [rec for _, _, path in sorted(logs) for rec in _jsonl(path, storage_options)]
+
+
+def _checkpoints(attempt_dir: str,
+                 storage_options: StorageOptionsFactory | None) -> list[tuple[int, float]]:
+    paths = sorted(p for p in storage.list_files(attempt_dir, storage_options=storage_options)
+                   if _CHECKPOINTS_RE.match(storage.basename(p)))
+    return [(c["step"], c["t"]) for p in paths for c in _jsonl(p, storage_options)]
 
 
 def read_attempts(root: str | os.PathLike[str], *,
@@ -128,19 +172,24 @@ def read_attempts(root: str | os.PathLike[str], *,
     return out
 
 
-def timeline(root: str | os.PathLike[str], *,
-             storage_options: StorageOptionsFactory | None = None
-             ) -> list[tuple[float, int, float]]:
-    """``(time, samples, max data wait over ranks)`` of every logged step of every attempt."""
+def read_attempt_logs(root: str | os.PathLike[str], *,
+                      storage_options: StorageOptionsFactory | None = None
+                      ) -> list[AttemptLog]:
+    """Every attempt under ``root`` in start order, with per-step times and checkpoints."""
     out = []
     for d in _attempt_dirs(root, storage_options):
+        attempt = Attempt(**storage.read_json(storage.join(d, "attempt.json"),
+                                              storage_options=storage_options))
         per_step: dict[int, list[dict]] = {}
         for rec in _records(d, storage_options):
             per_step.setdefault(rec["step"], []).append(rec)
-        for recs in per_step.values():
-            out.append((max(r.get("t", 0.0) for r in recs), sum(len(r["ids"]) for r in recs),
-                        max(r.get("wait_s", 0.0) for r in recs)))
-    return sorted(out)
+        steps = [StepRecord(s, max(r.get("t", 0.0) for r in recs),
+                            sum(len(r["ids"]) for r in recs),
+                            max(r.get("wait_s", 0.0) for r in recs))
+                 for s, recs in sorted(per_step.items())]
+        out.append(AttemptLog(attempt, steps, _checkpoints(d, storage_options)))
+    out.sort(key=lambda a: a.attempt.started)
+    return out
 
 
 def lineage(root: str | os.PathLike[str], *,

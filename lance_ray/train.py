@@ -113,9 +113,18 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
 
 
 def report(metrics: dict[str, Any], dataset: StreamingDataset, *,
-           model_state: dict[str, Any] | None = None) -> None:
+           model_state: dict[str, Any] | None = None, wait_committed: bool = True) -> None:
     """``ray.train.report`` with a checkpoint holding this rank's data state (and, from
-    rank 0, ``model_state``). Call it on every rank at the same global step."""
+    rank 0, ``model_state``). Call it on every rank at the same global step.
+
+    With ``wait_committed`` (the default) it returns only once Ray Train's controller has
+    registered the checkpoint, so a worker that dies right after cannot take it down with
+    it. ``ray.train.report`` alone only queues the report in the worker process; the
+    controller collects it at its next health-check poll (every
+    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, 2 s by default), and a report still queued in a
+    dead worker, or collected from only some ranks, is dropped when the group restarts.
+    The wait costs up to one poll interval per checkpoint.
+    """
     import ray.train
     import torch
 
@@ -125,6 +134,12 @@ def report(metrics: dict[str, Any], dataset: StreamingDataset, *,
             torch.save(model_state, Path(d) / MODEL_FILE)
         ray.train.report({**metrics, "global_step": dataset.global_step},
                          checkpoint=ray.train.Checkpoint.from_directory(d))
+    if wait_committed:
+        # COMMITTED: returns when the controller's checkpoint manager has registered
+        # this rank's latest report (and saved its snapshot), i.e. every rank's report of
+        # this step was collected and the checkpoint is what a restart will restore.
+        ray.train.get_all_reported_checkpoints(
+            consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED)
 
 
 def load_model_state() -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lance_ray.audit import read_attempts
 from lance_ray.train import check_world_sizes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +44,10 @@ def test_crash_then_resume_on_another_world_size_trains_every_sample_exactly_onc
     assert last["global_step"] == 30  # 960 rows / 32 per global step
     report, attempts = verify_job.verify_run(run_dir)
     assert len(attempts) == 3, attempts  # crashed, recovered, resized
+    # The crash came two steps after every rank reported the step-4 checkpoint, well
+    # within one controller poll: lt.report waited until it was registered, so the
+    # restart resumed from it rather than from the start.
+    assert [a.resumed_from_step for a, _ in read_attempts(run_dir / "samples")] == [0, 4, 12]
     assert report.exactly_once and report.after == report.planned == 960, report
     assert report.steps_identical, report
 
