@@ -31,7 +31,7 @@ from .plan import (
     rank_splits,
 )
 from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
-from .reading import Reading
+from .reading import Reading, leased
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
 from .transform import ErrorPolicy, Transform, TransformPolicy, make_policy
@@ -262,7 +262,6 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._untracked[0] = 0
 
     # ----------------------------------------------------------------------- properties
-
     @property
     def epoch(self) -> int:
         """The epoch whose plan this view reads."""
@@ -304,7 +303,6 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         return len(self._owned) * self._plan.split_len
 
     # ----------------------------------------------------------------------- progress
-
     def _stream(self) -> RankStream:
         return self._cursor.stream()
 
@@ -378,13 +376,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._install_plan(spec, *part)
 
     # ----------------------------------------------------------------------- reading
-
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
-        lease: list[weakref.ref[Iterator[Any]]] = []
-        samples = self._samples(lease)
-        lease.append(weakref.ref(samples))
-        return samples
+        return leased(self._samples)
 
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
                      ) -> Iterator[Any]:
@@ -399,9 +393,6 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         batches; under ``"skip"`` every batch but the last is full.
         """
         positive_int("batch_size", batch_size)
-        lease: list[weakref.ref[Iterator[Any]]] = []
-        batches = self._batches(lease, batch_size, collate_fn)
-        lease.append(weakref.ref(batches))
-        return batches
+        return leased(lambda lease: self._batches(lease, batch_size, collate_fn))
 
 

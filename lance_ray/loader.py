@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -12,7 +11,7 @@ from .batching import collate
 from .dataset import StreamingDataset
 from .order import RankStream
 from .read import FIRST_READ_ROWS, ChunkResult
-from .reading import every_row
+from .reading import Lease, every_row, leased
 from .stats import NO_COST, ReadCost
 from .transform import portable_items
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
@@ -153,12 +152,9 @@ class StreamingDataLoader(DataLoader):
         return self._streaming_dataset
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        lease: list[weakref.ref[Iterator[Any]]] = []
-        batches = self._run(lease)
-        lease.append(weakref.ref(batches))
-        return batches
+        return leased(self._run)
 
-    def _run(self, lease: list[weakref.ref[Iterator[Any]]]) -> Iterator[Any]:
+    def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset
         stream, generation = dataset._begin(lease[0])
         self._source.stream = stream  # pickled into the workers started below

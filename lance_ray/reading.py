@@ -47,6 +47,18 @@ def every_row(stream: RankStream) -> RankStream:
     return RankStream(stream.splits, stream.positions, stream.positions, stream.split_len)
 
 
+Lease = list["weakref.ref[Iterator[Any]]"]
+
+
+def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
+    """The iterator ``start(lease)`` makes, with ``lease`` holding a weak reference to it:
+    the generator checks, when it starts, that it is its dataset's one live iterator."""
+    lease: Lease = []
+    it = start(lease)
+    lease.append(weakref.ref(it))
+    return it
+
+
 class Reading:
     """Reading and delivering, for :class:`~lance_ray.dataset.StreamingDataset`."""
 
@@ -261,7 +273,7 @@ class Reading:
     def _drops(self) -> bool:
         return self._transform is not None and self._transform.drops_rows
 
-    def _samples(self, lease: list[weakref.ref[Iterator[Any]]]) -> Iterator[Any]:
+    def _samples(self, lease: Lease) -> Iterator[Any]:
         stream, generation = self._begin(lease[0])
         try:
             if self._drops:
@@ -296,7 +308,7 @@ class Reading:
                 if not skipped:
                     yield row
 
-    def _batches(self, lease: list[weakref.ref[Iterator[Any]]], batch_size: int,
+    def _batches(self, lease: Lease, batch_size: int,
                  collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
         stream, generation = self._begin(lease[0])
         try:
