@@ -143,8 +143,11 @@ def test_plan_is_one_row_id_scan_and_takes_are_bounded_and_pinned(server, table,
     monkeypatch.setattr(remote, "TAKE_ROWS_PER_REQUEST", 50)
     ds = lance_ray.StreamingDataset(table, num_splits=3, shuffle_seed=1, columns=["id", "v"],
                                     reader="local", read_batch_size=400)
+    # The next epoch's plan is built in the background as soon as this one is handed over.
+    next_epoch = (ds._spec.for_epoch(1), tuple(range(3)))
+    assert ds._plans.plans.wait(next_epoch, timeout=120)
     queries = server.of("query")
-    assert [q.body.get("columns") for q in queries] == [["_rowid"]]  # building the plan
+    assert [q.body.get("columns") for q in queries] == [["_rowid"]] * 2  # one scan an epoch
     reads = server.of("query") + server.of("count_rows")
     assert {r.body.get("version") for r in reads} == {ds.table_version}
     server.clear()

@@ -86,7 +86,11 @@ def test_a_run_on_s3_crashes_and_resumes_on_another_world_size_exactly_once(ray_
     assert last["global_step"] == 20  # 640 rows / 32 per global step
     run_dir = f"{s3}/runs/{name}"
     report, attempts = verify_job.verify_run(run_dir)
-    assert len(attempts) == 3, attempts  # crashed, recovered, resized
+    # Crashed, recovered, resized. A second fit() in one driver can see Ray retry its group
+    # once before any step (notes/ray-ecosystem.md: a placement group removed by the previous
+    # run's cleaner); such an attempt trains nothing and changes no progress.
+    trained = [a for a in attempts if "logged steps 0..0" not in a]
+    assert len(trained) == 3, attempts
     assert report.exactly_once and report.after == report.planned == 640, report
     assert report.steps_identical, report
     assert any("checkpoint_" in d for d in storage.list_dirs(run_dir))  # Ray Train's, on S3
