@@ -1,10 +1,14 @@
 """Prove from the sample logs that a training run saw every sample exactly once.
 
     python jobs/verify.py --storage-path runs/demo/storage --name demo-run
+    python jobs/verify.py --storage-path runs/lm/storage --name lm-run     # packed blocks
 
 Rebuilds the global steps the final model descends from (after crashes and resizes),
 compares them with an uninterrupted one-rank run of the same plan and global batch, and
 prints the proof. Exits non-zero if anything was lost, repeated or reordered across steps.
+A packed run (``jobs/train_lm.py``: its ``run.json`` has ``pack``) logs block content ids,
+and its uninterrupted run is the reference's (``lancedb.streaming``, one rank), whichever
+reader trained.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import lance_ray
 from lance_ray import storage
@@ -22,6 +28,10 @@ from lance_ray.verify import CoverageReport, compare_steps, coverage
 
 def uninterrupted_steps(run: dict) -> list[list[int]]:
     """The global steps of the same plan read by one rank without interruption."""
+    if "pack" in run:
+        from lm_data import PackSpec, uninterrupted_block_steps
+
+        return uninterrupted_block_steps(PackSpec(**run["pack"]))
     ds = lance_ray.StreamingDataset(
         storage.join(run["db"], f"{run['table']}.lance"), num_splits=run["num_splits"],
         shuffle_seed=run["shuffle_seed"], table_version=run["table_version"], columns=["id"],
@@ -42,19 +52,26 @@ def verify_run(run_dir: str | Path) -> tuple[CoverageReport, list[str]]:
     return compare_steps(report, full, steps), attempts
 
 
+def print_proof(report: CoverageReport, attempts: list[str], unit: str = "sample") -> bool:
+    """Print the attempts and the proof; True if it holds."""
+    print("\n".join(attempts))
+    print(f"planned {unit}s {report.planned}, trained {report.after}, duplicates "
+          f"{report.duplicates}, lost {report.lost}, unexpected {report.unexpected}")
+    print(f"global steps identical to an uninterrupted run: "
+          f"{report.steps_matching}/{report.steps_compared}")
+    ok = report.exactly_once and report.steps_identical and report.after == report.planned
+    print("PROOF:", f"every {unit} exactly once, same global steps" if ok else "FAILED")
+    return ok
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--storage-path", default="runs/demo/storage")
     p.add_argument("--name", default="demo-run")
     args = p.parse_args()
-    report, attempts = verify_run(storage.join(storage.absolute(args.storage_path), args.name))
-    print("\n".join(attempts))
-    print(f"planned samples {report.planned}, trained {report.after}, duplicates "
-          f"{report.duplicates}, lost {report.lost}, unexpected {report.unexpected}")
-    print(f"global steps identical to an uninterrupted run: "
-          f"{report.steps_matching}/{report.steps_compared}")
-    ok = report.exactly_once and report.steps_identical and report.after == report.planned
-    print("PROOF:", "every sample exactly once, same global steps" if ok else "FAILED")
+    run_dir = storage.join(storage.absolute(args.storage_path), args.name)
+    packed = "pack" in read_json(storage.join(run_dir, "run.json"))
+    ok = print_proof(*verify_run(run_dir), unit="block" if packed else "sample")
     sys.exit(0 if ok else 1)
 
 

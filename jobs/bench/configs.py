@@ -49,10 +49,10 @@ class Config:
     label: str
     kind: str  # lance_ray | reference | ray_data | limit
     shuffle: str  # full | clump | none
-    table: str = "small"  # small | big
+    table: str = "small"  # small | big | tokens (the packed-tokens case)
     reader: str = "ray"
     loader_workers: int | None = None  # None: iter_batches; else StreamingDataLoader workers
-    limit: str | None = None  # take_random | take_clump | scan
+    limit: str | None = None  # take_random | take_clump | scan | scan_tokens
     resume: bool = False
 
     @property
@@ -96,5 +96,7 @@ def configurations(include_big: bool) -> list[Config]:
             Config("big-reference-full", "lancedb.streaming + DataLoader(nw=0)", "reference",
                    "full", table="big"),
         ]
-    return out
+    from .packing import packing_configurations  # it builds on this module
+
+    return out + packing_configurations()
 

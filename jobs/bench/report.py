@@ -13,6 +13,7 @@ from .configs import (
     SPLITS,
     TAKE_ROWS,
 )
+from .packing import PACK_BATCH, PACK_LEN, PACK_MEAN_LEN, packing_targets
 
 W = 50  # width of the configuration column
 
@@ -86,15 +87,20 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
         target_le(f"first batch after resume at 90% <= 1.2x fresh ({reader}, full shuffle)",
                   ratio(get(name, "resume_first_batch_s", "0.9"), get(name, "first_batch_s")),
                   1.2, "<= 1.2x")
+    packing_targets(rate, target)
     target_le("trainer peak RSS at big rows <= 1.2x at rows (batch path, ray, full shuffle)",
               ratio(get("big-batch-ray-full", "peak_rss_mb"), get("batch-ray-full", "peak_rss_mb")),
               1.2, "<= 1.2x")
+    packed = {name: ok[name] for name in ok if ok[name]["config"]["table"] == "tokens"}
+    ref, scan = rate("pack-reference"), rate("pack-limit-scan")
+    for r in packed.values():
+        r["x_reference"] = r["rows_per_s"] / ref if ref else None
+        r["x_limit"] = r["rows_per_s"] / scan if scan else None
     return {"targets": targets, "limits": limits, "references": refs}
 
 
-def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: Any,
-                 notes: list[str]) -> None:
-    small = [r for r in results if r["config"]["table"] == "small"]
+def print_rows(small: list[dict[str, Any]], args: Any) -> None:
+    """The throughput and time-to-first-batch tables of the ``--rows`` table."""
     print(f"\nThroughput at {args.rows:,} rows (dim {DIM}), batch {BATCH}, num_splits {SPLITS}; "
           f"rows/s = median of {args.repeats} epochs, construction to last batch (steady/s: "
           "after the first batch); x reference = vs the reference with the "
@@ -133,6 +139,13 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
               f"{r['first_batch_s']:>7.3f} {fmt_s(res.get('0.5')):>8} {fmt_s(r90):>8} "
               f"{fmt_ratio(r90 / r['first_batch_s'] if r90 else None):>9}")
 
+
+def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: Any,
+                 notes: list[str]) -> None:
+    small = [r for r in results if r["config"]["table"] == "small"]
+    if small:
+        print_rows(small, args)
+
     big = {r["config"]["name"]: r for r in results if r["config"]["table"] == "big"}
     if big:
         byname = {r["config"]["name"]: r for r in small}
@@ -153,12 +166,42 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
                   f"{fmt_ratio(r['peak_rss_mb'] / s_rss if s_rss else None):>7} "
                   f"{r['tree_peak_rss_mb']:>9.0f} {fmt_rate(r['rows_per_s']):>10} {frac:>10.0%}")
 
+    print_packing(results, args)
     print("\nTargets")
     for t in analysis["targets"]:
+        if args.only and t["holds"] is None:
+            continue  # a partial run: only the targets it measured
         mark = {True: "HOLDS", False: "FAILS", None: "n/a"}[t["holds"]]
         print(f"  [{mark:<5}] {t['target']}: {fmt_ratio(t['value'])} (needs {t['detail']})")
     for n in notes:
         print(f"note: {n}")
+
+
+def print_packing(results: list[dict[str, Any]], args: Any) -> None:
+    """The packed-tokens table: tokens/s, x reference, x the token column's scan."""
+    packed = [r for r in results if r["config"]["table"] == "tokens"]
+    if not packed:
+        return
+    print(f"\nPacked tokens/s: {args.pack_docs:,} documents, lognormal lengths (mean "
+          f"{PACK_MEAN_LEN:g}), pack_sequences={PACK_LEN}, {SPLITS} splits, {PACK_BATCH} "
+          f"blocks per batch; median of {args.repeats} epochs, construction to last block "
+          "(padding counted: what the trainer receives); x scan = vs a sequential scan of the "
+          "token column counting its tokens (no packing, no tensors)")
+    head = (f"{'configuration':<{W}} {'tokens/s':>9} {'x ref':>7} {'x scan':>7} "
+            f"{'steady/s':>9} {'1st block s':>11} {'peak RSS MB':>11}")
+    print(head)
+    print("-" * len(head))
+    for r in packed:
+        if "error" in r:
+            why = r["error"] if r["error"].startswith("skipped") else f"FAILED: {r['error']}"
+            print(f"{r['config']['label']:<{W}} {why}")
+            continue
+        flag = "" if r.get("complete", True) else "*"
+        first = r["first_batch_s"] if r["config"]["kind"] != "limit" else None
+        print(f"{label_of(r):<{W}} {fmt_rate(r['rows_per_s']) + flag:>9} "
+              f"{fmt_ratio(r.get('x_reference')):>7} {fmt_ratio(r.get('x_limit')):>7} "
+              f"{fmt_rate(r.get('steady_rows_per_s')):>9} {fmt_s(first):>11} "
+              f"{r['peak_rss_mb']:>11.0f}")
 
 
 def chart(results: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -168,6 +211,8 @@ def chart(results: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in results if "error" not in r and r["config"]["table"] == "small"]
+    if not rows:
+        return
     labels = list(dict.fromkeys(label_of(r) for r in rows))
     colors = {"full": "#1f77b4", "clump": "#ff7f0e", "none": "#7f7f7f"}
     fig, ax = plt.subplots(figsize=(10, 0.65 * len(labels) + 1.8))

@@ -28,7 +28,10 @@ from .configs import (
     configurations,
 )
 from .memory import TreeSampler, tree_rss_mb
+from .packing import GROUP, PACK_BATCH, PACK_DOCS, PACK_LEN, PACK_MEAN_LEN, PACK_TABLE
 from .report import analyse, chart, fmt_rate, print_report
+
+TABLE_NAMES = {"small": "bench", "big": "bench_big", "tokens": PACK_TABLE}
 
 
 def start_ray() -> str:
@@ -109,7 +112,11 @@ def main() -> None:
                    help="cap on one timed epoch; a capped epoch is measured over its part")
     p.add_argument("--big-seconds", type=float, default=25.0,
                    help="iteration time cap of the one pass at --big-rows")
-    p.add_argument("--only", default="", help="comma-separated configuration names (debugging)")
+    p.add_argument("--only", default="",
+                   help=f"comma-separated configuration names, or {GROUP!r} for the "
+                        "packed-tokens case alone")
+    p.add_argument("--pack-docs", type=int, default=PACK_DOCS,
+                   help="documents of the packed-tokens case's table")
     args = p.parse_args()
     db = Path(args.out).resolve() / "db"
 
@@ -122,28 +129,34 @@ def main() -> None:
     os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
     # Tables are written by a subprocess: this process stays small and never touches Lance
     # (forking after Lance has started its threads is unsafe), it only starts Ray.
-    tables_json = out / "tables.json"
-    subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db), str(args.rows),
-                    str(args.big_rows), str(args.fragments), str(tables_json)],
-                   check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
-    tables = json.loads(tables_json.read_text())
-    small, big = tables["small"], tables["big"]
-    configs = configurations(include_big=big is not None)
+    configs = configurations(include_big=args.big_rows > 0)
     if args.only:
         wanted = set(args.only.split(","))
-        configs = [c for c in configs if c.name in wanted]
+        configs = [c for c in configs if c.name in wanted
+                   or (GROUP in wanted and c.table == "tokens")]
+    needed = {c.table for c in configs}
+    tables_json = out / "tables.json"
+    # Only the tables the chosen configurations read (0 rows: not made).
+    subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db),
+                    str(args.rows if "small" in needed else 0),
+                    str(args.big_rows if "big" in needed else 0), str(args.fragments),
+                    str(tables_json), str(args.pack_docs if "tokens" in needed else 0)],
+                   check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
+    tables = json.loads(tables_json.read_text())
+    big = tables["big"]
     ray_address = start_ray() if any(c.needs_ray for c in configs) else None
     results = []
     for i, cfg in enumerate(configs, 1):
-        tbl = small if cfg.table == "small" else big
+        tbl = tables[cfg.table]
         assert tbl is not None
         print(f"[{i:>2}/{len(configs)}] {cfg.name}: {cfg.label}, shuffle {cfg.shuffle}, "
               f"{tbl['rows']:,} rows  (t+{time.monotonic() - started:.0f}s)", flush=True)
-        spec = {"db": str(db), "table_name": "bench" if cfg.table == "small" else "bench_big",
+        once = cfg.table == "big"  # one capped pass, no warm-up: the RSS check
+        spec = {"db": str(db), "table_name": TABLE_NAMES[cfg.table],
                 "uri": tbl["uri"], "rows": tbl["rows"],
-                "repeats": args.repeats if cfg.table == "small" else 1,
-                "warm_up": cfg.table == "small",
-                "max_seconds": args.max_seconds if cfg.table == "small" else args.big_seconds}
+                "blocks_per_epoch": tbl.get("blocks_per_epoch"),
+                "repeats": 1 if once else args.repeats, "warm_up": not once,
+                "max_seconds": args.big_seconds if once else args.max_seconds}
         r = run_child(cfg, spec, out, timeout=max(180.0, 8 * args.max_seconds),
                       ray_address=ray_address)
         results.append(r)
@@ -183,7 +196,9 @@ def main() -> None:
     meta = {"rows": args.rows, "big_rows": args.big_rows, "repeats": args.repeats, "dim": DIM,
             "batch_size": BATCH, "num_splits": SPLITS, "clump": CLUMP, "seed": SEED,
             "take_rows": TAKE_ROWS, "max_seconds": args.max_seconds,
-            "big_seconds": args.big_seconds, "tables": {"small": small, "big": big},
+            "big_seconds": args.big_seconds, "tables": tables,
+            "pack": {"docs": args.pack_docs, "mean_len": PACK_MEAN_LEN, "block_len": PACK_LEN,
+                     "batch_blocks": PACK_BATCH},
             "git": git_state(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "total_s": total,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - total))}

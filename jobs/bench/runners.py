@@ -105,6 +105,10 @@ def timed_pass(runner: Runner, *, state: dict | None = None,
 
 
 def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None) -> Runner:
+    if cfg.table == "tokens":
+        from .packing import packing_runner  # it builds on this module
+
+        return packing_runner(spec, cfg)
     clump = SHUFFLES.get(cfg.shuffle)
     rows = spec["rows"]
     epoch_rows = rows - rows % SPLITS

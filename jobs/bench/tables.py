@@ -1,6 +1,6 @@
 """The benchmark's tables, created (or reused) in a subprocess so the driver never opens Lance.
 
-    python -m jobs.bench.tables OUT ROWS BIG_ROWS FRAGMENTS RESULT.json
+    python -m jobs.bench.tables OUT ROWS BIG_ROWS FRAGMENTS RESULT.json [PACK_DOCS]
 """
 
 from __future__ import annotations
@@ -13,43 +13,58 @@ from typing import Any
 
 from .configs import (
     DIM,
+    SPLITS,
 )
+from .packing import PACK_LEN, PACK_MEAN_LEN, PACK_TABLE, PACK_VOCAB
 
 
-def ensure_table(db: Path, name: str, rows: int, fragments: int) -> dict[str, Any]:
-    """Create the table unless an identical one (same rows, dim, fragments) is there."""
+def ensure_table(db: Path, name: str, rows: int, fragments: int,
+                 tokens: bool = False) -> dict[str, Any]:
+    """Create the table unless an identical one (same rows, dim, fragments) is there; with
+    ``tokens`` the packing case's token table (``rows`` documents) and its exact
+    ``blocks_per_epoch``."""
     import lancedb
 
     marker = db / f"{name}.bench.json"
-    want = {"rows": rows, "dim": DIM, "fragments": fragments}
+    want: dict[str, Any] = {"rows": rows, "dim": DIM, "fragments": fragments}
+    if tokens:
+        want = {"rows": rows, "fragments": fragments, "mean_len": PACK_MEAN_LEN,
+                "vocab": PACK_VOCAB, "block_len": PACK_LEN}
     conn = lancedb.connect(str(db))
     if marker.exists() and name in conn.table_names():
         got = json.loads(marker.read_text())
         table = conn.open_table(name)
         if {k: got.get(k) for k in want} == want and got.get("version") == table.version \
                 and table.count_rows() == rows:
-            print(f"reusing table {name!r}: {rows:,} rows, dim {DIM}, version {table.version}",
-                  flush=True)
+            print(f"reusing table {name!r}: {rows:,} rows, version {table.version}", flush=True)
             return got | {"uri": table.to_lance().uri, "created_s": 0.0}
-    from jobs.make_table import create_table
+    from jobs.make_table import blocks_per_epoch, create_table
 
     t = time.perf_counter()
-    table = create_table(str(db), name, rows=rows, dim=DIM, fragments=fragments)
+    table = create_table(str(db), name, rows=rows, dim=DIM, fragments=fragments,
+                         tokens=tokens, mean_len=PACK_MEAN_LEN, vocab=PACK_VOCAB)
     took = time.perf_counter() - t
     info = want | {"version": table.version}
+    if tokens:
+        info["blocks_per_epoch"] = blocks_per_epoch(table.to_lance().uri, PACK_LEN, SPLITS)
     marker.write_text(json.dumps(info))
-    print(f"created table {name!r}: {rows:,} rows, dim {DIM}, {fragments} fragments in "
-          f"{took:.1f}s", flush=True)
+    print(f"created table {name!r}: {rows:,} rows, {fragments} fragments in {took:.1f}s",
+          flush=True)
     return info | {"uri": table.to_lance().uri, "created_s": took}
 
 
 
 def main(argv: list[str]) -> None:
-    """Write ``{"small": info, "big": info or None}`` of the ensured tables to RESULT."""
-    db, rows, big_rows, fragments, result = argv
-    tables = {"small": ensure_table(Path(db), "bench", int(rows), int(fragments)),
+    """Write ``{"small", "big", "tokens": info or None}`` of the ensured tables to RESULT
+    (a table of 0 rows is not made)."""
+    db, rows, big_rows, fragments, result = argv[:5]
+    pack_docs = int(argv[5]) if len(argv) > 5 else 0
+    tables = {"small": ensure_table(Path(db), "bench", int(rows), int(fragments))
+              if int(rows) else None,
               "big": ensure_table(Path(db), "bench_big", int(big_rows), int(fragments))
-              if int(big_rows) else None}
+              if int(big_rows) else None,
+              "tokens": ensure_table(Path(db), PACK_TABLE, pack_docs, int(fragments),
+                                     tokens=True) if pack_docs else None}
     Path(result).write_text(json.dumps(tables))
 
 

@@ -1,0 +1,121 @@
+"""The packed-tokens case: ``pack_sequences`` from lance_ray and from the reference, and the
+sequential scan of the token column that bounds them, on one generated token table.
+
+    python -m jobs.bench --only packing
+
+The table: ``PACK_DOCS`` documents with lognormal lengths (mean ``PACK_MEAN_LEN`` tokens,
+``jobs/make_table.token_batch``), packed into blocks of ``PACK_LEN`` over ``SPLITS`` splits
+with the exact ``blocks_per_epoch`` (every token of the table). A runner's "rows" are the
+tokens of the blocks it delivered (``PACK_BATCH`` blocks per batch, padding included: what
+a trainer receives), and for the scan the tokens of the rows it read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .configs import SEED, SPLITS, TAKE_ROWS, Config
+from .runners import Runner
+
+PACK_TABLE = "bench_tokens"
+PACK_DOCS = 50_000
+PACK_MEAN_LEN = 500.0
+PACK_VOCAB = 32_000
+PACK_LEN = 2048
+PACK_BATCH = 8  # blocks per batch (lance_ray iter_batches, the reference's DataLoader)
+WARM_DOCS = "id < 64"  # the Ray path's warm-up: 64 documents, about 16 blocks
+GROUP = "packing"  # --only packing runs every configuration below
+
+
+def packing_configurations() -> list[Config]:
+    kw: dict[str, Any] = {"shuffle": "full", "table": "tokens"}
+    return [
+        Config("pack-limit-scan", f"Lance scan of the token column, {TAKE_ROWS} rows/call",
+               "limit", limit="scan_tokens", **kw),
+        Config("pack-reference", f"lancedb.streaming packed + DataLoader({PACK_BATCH})",
+               "reference", **kw),
+        Config("pack-ray", f"lance_ray packed iter_batches({PACK_BATCH}) (ray)", "lance_ray",
+               reader="ray", **kw),
+        Config("pack-local", f"lance_ray packed iter_batches({PACK_BATCH}) (local)",
+               "lance_ray", reader="local", **kw),
+    ]
+
+
+def pack_kwargs(blocks_per_epoch: int) -> dict[str, Any]:
+    from jobs.make_table import EOS_ID, PAD_ID
+
+    return {"num_splits": SPLITS, "shuffle_seed": SEED, "columns": ["tokens"],
+            "pack_sequences": PACK_LEN, "eos_id": EOS_ID, "pad_id": PAD_ID,
+            "blocks_per_epoch": blocks_per_epoch}
+
+
+def packing_runner(spec: dict[str, Any], cfg: Config) -> Runner:
+    """How one packing configuration reads the epoch; its counts are tokens."""
+    blocks = spec["blocks_per_epoch"]
+    epoch_tokens = blocks * PACK_LEN
+    if cfg.kind == "limit":
+        return scan_runner(spec["uri"], epoch_tokens)
+
+    def count(batch: dict) -> int:
+        return int(batch["input_ids"].numel())
+
+    import lancedb
+
+    table = lancedb.connect(spec["db"]).open_table(spec["table_name"])
+    kwargs = pack_kwargs(blocks)
+    if cfg.kind == "reference":
+        from lancedb.streaming import StreamingDataset as Reference
+        from torch.utils.data import DataLoader
+
+        def make_ref(state: dict | None) -> tuple[Any, Iterator[Any]]:
+            ds = Reference(table, **kwargs)
+            return ds, iter(DataLoader(ds, batch_size=PACK_BATCH, num_workers=0))
+
+        return Runner(make_ref, count, epoch_tokens)
+    import inspect
+
+    import lance_ray
+
+    if "pack_sequences" not in inspect.signature(lance_ray.StreamingDataset).parameters:
+        raise NotImplementedError("this lance_ray has no pack_sequences (the packing "
+                                  "branch is not merged)")
+
+    def make_lr(state: dict | None, filter: str | None = None,
+                budget: int = blocks) -> tuple[Any, Iterator[Any]]:
+        ds = lance_ray.StreamingDataset(table, reader=cfg.reader, filter=filter,
+                                        **{**kwargs, "blocks_per_epoch": budget})
+        return ds, ds.iter_batches(PACK_BATCH)
+
+    # The Ray path warms up on a few documents read to their end (stopping a Ray Data
+    # pipeline early kills the workers running its tasks): about 2 blocks per split.
+    return Runner(make_lr, count, epoch_tokens,
+                  warm=(lambda state: make_lr(state, WARM_DOCS, 2 * SPLITS))
+                  if cfg.needs_ray else None)
+
+
+def scan_runner(uri: str, epoch_tokens: int) -> Runner:
+    """The limit: a sequential scan of the token column, counting its tokens."""
+    import lance
+    import pyarrow.compute as pc
+
+    ds = lance.dataset(uri)
+
+    def make_scan(state: dict | None) -> tuple[Any, Iterator[Any]]:
+        return ds, iter(ds.to_batches(columns=["tokens"], batch_size=TAKE_ROWS))
+
+    def tokens(batch: Any) -> int:
+        return int(pc.sum(pc.list_value_length(batch.column(0))).as_py() or 0)
+
+    return Runner(make_scan, tokens, epoch_tokens)
+
+
+def packing_targets(rate: Any, target: Any) -> None:
+    """The issue's targets for packed tokens/s: >= 5x the reference, >= 0.3x the scan."""
+    ref, scan = rate("pack-reference"), rate("pack-limit-scan")
+    for reader in ("ray", "local"):
+        mine = rate(f"pack-{reader}")
+        target(f"packed tokens/s ({reader}) >= 5x reference",
+               mine / ref if mine and ref else None, 5.0, ">= 5.0x")
+        target(f"packed tokens/s ({reader}) >= 0.3x sequential scan of the token column",
+               mine / scan if mine and scan else None, 0.3, ">= 0.3x")

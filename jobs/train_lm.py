@@ -1,0 +1,238 @@
+"""Train a tiny causal transformer with TorchTrainer on packed token blocks, exactly once.
+
+    python jobs/train_lm.py --demo                       # table, crash, resize, proof
+    python jobs/train_lm.py --db runs/lm/db --workers 2 --crash-at-step 6 --stop-at-step 12
+    python jobs/train_lm.py --db runs/lm/db --workers 4  # resumes the same run, resized
+    python jobs/verify.py --storage-path runs/lm/storage --name lm-run
+
+The table holds one tokenised document per row (``jobs/make_table.py --tokens``). Every
+rank reads its splits packed into blocks of ``--block-len`` tokens (``pack_sequences``,
+from lance_ray or, with ``--reader reference``, from ``lancedb.streaming``), trains, and
+logs the content id of every block at every global step under
+``<storage>/<name>/samples``; checkpoints carry the model, the optimizer and every rank's
+packed data state. ``jobs/verify.py`` proves from those logs that the final model trained on
+every block of the epoch exactly once and that each global step held the same blocks as
+one uninterrupted rank of the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+import ray
+import ray.train
+import torch
+from ray.train.torch import TorchTrainer
+
+import lance_ray.train as lt
+from lance_ray import storage
+from lance_ray.audit import Attempt, SampleLog
+from lance_ray.state import read_json, write_json_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lm_data  # noqa: E402
+import lm_model  # noqa: E402
+import make_table  # noqa: E402
+import train as train_job  # noqa: E402
+from lm_data import PackedView, PackSpec, block_ids, merge_for  # noqa: E402
+from lm_model import TinyLM, lm_loss  # noqa: E402
+
+logger = logging.getLogger("train_lm")
+
+PACK_COLUMN = "tokens"  # make_table.token_batch's
+
+
+def restore(reader: str) -> tuple[dict | None, dict | None]:
+    """The merged data state and the model/optimizer state of the checkpoint being
+    restored (None, None on a fresh start)."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None, None
+    with checkpoint.as_directory() as d:
+        state = lt.checkpoint_data_state(d, merge=merge_for(reader))
+    return state, lt.load_model_state()
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """``train_loop_per_worker``: runs on every rank, again from the top after a failure."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    torch.manual_seed(config["seed"])  # every rank starts from the same weights
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    train_job.announce_worker(config["log_dir"], rank, world_size)
+    spec = PackSpec(**config["pack"])
+    started = time.monotonic()
+    state, saved = restore(config["reader"])
+    view = PackedView(spec, config["reader"], rank, world_size, state)
+    view_s = time.monotonic() - started
+    model = TinyLM(config["vocab"], spec.block_len)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+    ddp = ray.train.torch.prepare_model(model)
+    attempt = Attempt(train_job.shared_attempt_id(rank), view.global_step, world_size,
+                      time.time(), view_s=round(view_s, 6))
+    log = SampleLog(config["log_dir"], attempt, rank)
+    crash_marker = storage.join(config["log_dir"], "crash-injected")
+    stop_at, every = config["stop_at_step"], config["checkpoint_every"]
+    logger.info("rank %d/%d starts at global step %d", rank, world_size, view.global_step)
+
+    def checkpoint(loss: float) -> None:
+        lt.report({"loss": loss}, view,  # type: ignore[arg-type]  (duck-typed view)
+                  model_state={"model": model.state_dict(), "optimizer": opt.state_dict()})
+        if rank == 0:
+            log.checkpoint(view.global_step)
+            logger.info("step %d: loss %.3f, %.1f steps/s", view.global_step, loss,
+                        view.global_step / (time.monotonic() - started))
+
+    loss = torch.tensor(0.0)
+    for batch in view.iter_batches():
+        step = view.global_step
+        loss = lm_loss(ddp, batch["input_ids"], batch["doc_ids"], spec.pad_id)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        log.write(step, block_ids(batch))
+        if (step == config["crash_at_step"] and rank == world_size - 1
+                and not storage.exists(crash_marker)):
+            storage.write_bytes_atomic(crash_marker, b"")
+            logger.warning("rank %d: injected crash at global step %d", rank, step)
+            os._exit(1)
+        if step % every == 0 or step == stop_at:
+            checkpoint(loss.item())
+        if stop_at and step >= stop_at:
+            break
+    else:
+        if view.global_step % every:
+            checkpoint(loss.item())
+    log.close()
+
+
+def run_spec(args: argparse.Namespace, db_uri: str, run_dir: str) -> dict[str, Any]:
+    """The run's settings: written by its first job, checked by every later one (a resumed
+    run keeps its table version, plan, packing and global batch)."""
+    import lancedb
+
+    run_file = storage.join(run_dir, "run.json")
+    if storage.exists(run_file):
+        run = read_json(run_file)
+        asked = {"reader": args.reader, "num_splits": args.num_splits,
+                 "global_batch": args.global_batch, "block_len": args.block_len}
+        saved = {"reader": run["reader"], **{k: run["pack"][k] for k in asked if k != "reader"}}
+        if saved != asked:
+            raise SystemExit(f"run {args.name!r} was started with {saved}, not {asked}")
+        return run
+    table = lancedb.connect(db_uri).open_table(args.table)
+    blocks = args.blocks_per_epoch or make_table.blocks_per_epoch(
+        table.to_lance().uri, args.block_len, args.num_splits, PACK_COLUMN)
+    spec = PackSpec(db=db_uri, table=args.table, table_version=table.version,
+                    num_splits=args.num_splits, shuffle_seed=args.seed,
+                    block_len=args.block_len, eos_id=make_table.EOS_ID,
+                    pad_id=make_table.PAD_ID, blocks_per_epoch=blocks,
+                    global_batch=args.global_batch, column=PACK_COLUMN)
+    run = {"reader": args.reader, "vocab": args.vocab, "pack": spec.to_json()}
+    write_json_atomic(run_file, run)
+    return run
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--db", default="runs/lm/db")
+    p.add_argument("--table", default="tokens")
+    p.add_argument("--name", default="lm-run", help="run name (RunConfig)")
+    p.add_argument("--storage-path", default="runs/lm/storage")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--reader", choices=lm_data.READERS, default="lance_ray",
+                   help="whose pack_sequences reads the blocks (lance_ray: local reader)")
+    p.add_argument("--num-splits", type=int, default=4)
+    p.add_argument("--block-len", type=int, default=128, help="pack_sequences (L)")
+    p.add_argument("--blocks-per-epoch", type=int, default=0,
+                   help="0: every token of the table (rounded down to a multiple of splits)")
+    p.add_argument("--global-batch", type=int, default=8,
+                   help="blocks per global step, a multiple of --num-splits")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--checkpoint-every", type=int, default=4)
+    p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step (0: epoch)")
+    p.add_argument("--crash-at-step", type=int, default=-1, help="kill a worker once here")
+    p.add_argument("--max-failures", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--address", default=None)
+    p.add_argument("--demo", action="store_true",
+                   help="make a table, train with a crash, resume on 4 workers, verify")
+    p.add_argument("--docs", type=int, default=400, help="--demo: documents in the table")
+    p.add_argument("--mean-len", type=float, default=100.0, help="--demo: mean doc length")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) the training run; returns its final metrics."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.demo:
+        return demo(args)
+    db_uri, storage_uri = storage.absolute(args.db), storage.absolute(args.storage_path)
+    run_dir = storage.join(storage_uri, args.name)
+    lt.check_world_sizes(args.workers, args.num_splits)
+    train_job.connect(args.address)
+    # Train workers cannot import jobs/ as modules: ship them by value, as `ray job
+    # submit` ships a __main__ script.
+    for module in (train_job, lm_data, lm_model, sys.modules[__name__]):
+        if module.__name__ != "__main__":
+            ray.cloudpickle.register_pickle_by_value(module)
+    run = run_spec(args, db_uri, run_dir)
+    slots = ray.cluster_resources().get("slot", 0)
+    resources = {"slot": 1} if slots >= args.workers else {"CPU": 0.5}
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"pack": run["pack"], "reader": run["reader"], "vocab": run["vocab"],
+                           "seed": args.seed, "checkpoint_every": args.checkpoint_every,
+                           "stop_at_step": args.stop_at_step,
+                           "crash_at_step": args.crash_at_step,
+                           "log_dir": storage.join(run_dir, "samples")},
+        scaling_config=ray.train.ScalingConfig(num_workers=args.workers,
+                                               resources_per_worker=resources),
+        run_config=ray.train.RunConfig(
+            name=args.name, **lt.run_storage(storage_uri),
+            failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3)),
+    )
+    metrics = dict(trainer.fit().metrics or {})
+    print(f"run {args.name!r} ({run['reader']}) on {args.workers} workers finished at global "
+          f"step {metrics.get('global_step')}, loss {metrics.get('loss', float('nan')):.3f}")
+    return metrics
+
+
+def demo(args: argparse.Namespace) -> dict[str, Any]:
+    """A fresh table and run: 2 workers crash and stop mid-epoch, 4 finish it, then the
+    proof (``jobs/verify.py``'s)."""
+    import verify as verify_job
+
+    for stale in (args.db, args.storage_path):
+        shutil.rmtree(stale, ignore_errors=True)
+    table = make_table.create_table(args.db, args.table, rows=args.docs, tokens=True,
+                                       mean_len=args.mean_len, vocab=args.vocab, fragments=2)
+    print(f"token table {args.table!r}: {table.count_rows()} documents")
+    common = ["--db", args.db, "--table", args.table, "--storage-path", args.storage_path,
+              "--name", args.name, "--reader", args.reader]
+    main(common + ["--workers", "2", "--crash-at-step", "6", "--stop-at-step", "12"])
+    metrics = main(common + ["--workers", "4"])
+    ok = verify_job.print_proof(*verify_job.verify_run(
+        storage.join(storage.absolute(args.storage_path), args.name)), unit="block")
+    if not ok:
+        raise SystemExit(1)
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
