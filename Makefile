@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo demo-lm bench clean
 
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: lint
 
 demo: venv
 	$(PY) jobs/demo.py
+
+demo-lm: venv
+	$(PY) jobs/train_lm.py --demo
 
 bench: venv
 	$(PY) -m jobs.bench

@@ -130,8 +130,7 @@ class PackedView:
 
 def resumed_step(state: dict, spec: PackSpec) -> int:
     """The global step a packed state was taken at (every split emitted as many blocks)."""
-    inner = state.get("reference", state)  # a lance_ray state may wrap the reference's
-    emitted = inner["blocks_emitted_per_split"]
+    emitted = state["blocks_emitted_per_split"]  # both libraries' packed format
     if len(set(emitted)) != 1:
         raise ValueError(f"a packed state taken mid-cycle (blocks emitted per split "
                          f"{emitted}) cannot start a global step; checkpoint at a step")

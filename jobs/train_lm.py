@@ -35,8 +35,8 @@ from ray.train.torch import TorchTrainer
 
 import lance_ray.train as lt
 from lance_ray import storage
-from lance_ray.audit import Attempt, SampleLog
-from lance_ray.state import read_json, write_json_atomic
+from lance_ray.proof.audit import Attempt, SampleLog
+from lance_ray.storage import read_json, write_json_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lm_data  # noqa: E402

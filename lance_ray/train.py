@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +74,18 @@ def run_storage(storage_path: str | Path) -> dict[str, Any]:
 
 
 def checkpoint_data_state(checkpoint_dir: str | Path, *,
-                          storage_options: StorageOptionsFactory | None = None
-                          ) -> dict[str, Any] | None:
+                          storage_options: StorageOptionsFactory | None = None,
+                          merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+                          = merge_state_dicts) -> dict[str, Any] | None:
     """The merged data state stored in a checkpoint directory, a local path or a URI such as
-    ``s3://bucket/runs/my-run/checkpoint_...`` (None if it has none)."""
+    ``s3://bucket/runs/my-run/checkpoint_...`` (None if it has none). ``merge`` combines the
+    ranks' states (e.g. ``lancedb.streaming.StreamingDataset.merge_state_dicts`` for states
+    a reference dataset reported)."""
     files = [p for p in storage.list_files(checkpoint_dir, storage_options=storage_options)
              if _STATE_RE.search(storage.basename(p))]
     if not files:
         return None
-    return merge_state_dicts([load_state(p, storage_options=storage_options) for p in files])
+    return merge([load_state(p, storage_options=storage_options) for p in files])
 
 
 def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import ray.train
 import torch
 
-from lance_ray.audit import read_attempts
+from lance_ray.proof.audit import read_attempts
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "jobs"))
@@ -27,7 +28,7 @@ READERS = ["reference", "lance_ray"]
 @pytest.fixture
 def lm_args(tmp_path, request):
     db = tmp_path / "db"
-    create_table(str(db), "tokens", rows=160, tokens=True, mean_len=60, vocab=128, fragments=2)
+    create_table(str(db), "tokens", rows=96, tokens=True, mean_len=60, vocab=128, fragments=2)
     name = request.node.name[:40]
     return ["--db", str(db), "--table", "tokens", "--storage-path", str(tmp_path / "storage"),
             "--name", name, "--vocab", "128", "--block-len", "64", "--num-splits", "4",
@@ -44,18 +45,20 @@ def lance_ray_packs() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("reader", READERS)
-def test_packed_lm_run_that_crashes_and_resizes_trains_every_block_exactly_once(
+def test_packed_lm_run_that_crashes_and_resumes_on_another_world_size_trains_every_block_once(
         ray_session, lm_args, reader):
+    """A worker dies at step 4 and the job fails (no retries: one worker-group start less
+    on this small machine); a new job resumes the run on 1 worker from the step-3
+    checkpoint and finishes the epoch."""
     if reader == "lance_ray" and not lance_ray_packs():
         pytest.skip("lance_ray has no pack_sequences yet (branch pack not merged)")
     args, run_dir = lm_args
     args += ["--reader", reader]
-    first = train_lm.main(args + ["--workers", "2", "--crash-at-step", "4",
-                                  "--stop-at-step", "6"])
-    assert first["global_step"] == 6
+    with pytest.raises(ray.train.TrainingFailedError):
+        train_lm.main(args + ["--workers", "2", "--crash-at-step", "4", "--max-failures", "0"])
     last = train_lm.main(args + ["--workers", "1"])
     report, attempts = verify_job.verify_run(run_dir)
-    assert [a.resumed_from_step for a, _ in read_attempts(run_dir / "samples")] == [0, 3, 6]
+    assert [a.resumed_from_step for a, _ in read_attempts(run_dir / "samples")] == [0, 3]
     assert report.exactly_once and report.after == report.planned, report
     assert report.steps_identical and report.steps_compared == last["global_step"], report
 

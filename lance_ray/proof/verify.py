@@ -30,25 +30,30 @@ class CoverageReport:
 
 
 def coverage(planned: Iterable[int], before: Iterable[int], after: Iterable[int]) -> CoverageReport:
-    """Count duplicates, losses and strangers in ``before + after`` against ``planned``."""
-    planned_set = set(planned)
+    """Count duplicates, losses and strangers in ``before + after`` against ``planned``.
+
+    ``planned`` is a multiset: an id planned ``k`` times (e.g. the content id of identical
+    all-padding blocks) must be seen ``k`` times; each extra sighting is a duplicate and
+    each missing one a loss.
+    """
+    want = Counter(planned)
     seen = Counter(before)
     n_before = sum(seen.values())
     seen.update(after)
     n_after = sum(seen.values()) - n_before
     return CoverageReport(
-        planned=len(planned_set),
+        planned=sum(want.values()),
         before=n_before,
         after=n_after,
-        duplicates=sum(c - 1 for c in seen.values() if c > 1),
-        lost=len(planned_set - seen.keys()),
-        unexpected=len(seen.keys() - planned_set),
+        duplicates=sum(max(0, c - want.get(i, 1)) for i, c in seen.items()),
+        lost=sum(max(0, k - seen.get(i, 0)) for i, k in want.items()),
+        unexpected=len(seen.keys() - want.keys()),
     )
 
 
 def compare_steps(report: CoverageReport, reference: Sequence[Iterable[int]],
                   observed: Sequence[Iterable[int]]) -> CoverageReport:
-    """Add how many global steps hold the same sample set as the reference run's."""
-    matching = sum(set(a) == set(b) for a, b in zip(reference, observed))
+    """Add how many global steps hold the same samples (as multisets) as the reference's."""
+    matching = sum(Counter(a) == Counter(b) for a, b in zip(reference, observed))
     return replace(report, steps_compared=max(len(reference), len(observed)),
                    steps_matching=matching)
