@@ -107,11 +107,16 @@ def join_documents(values: np.ndarray, offsets: np.ndarray, eos_id: int
 
 def doc_ids_of(starts: np.ndarray, blocks: int, block_len: int) -> np.ndarray:
     """``doc_ids`` of ``blocks`` consecutive blocks whose document starts are ``starts``
-    (stream positions from the first block's start)."""
+    (ascending stream positions from the first block's start; later ones are ignored)."""
     marks = np.zeros(blocks * block_len, dtype=np.int64)
-    inside = starts[(starts < blocks * block_len) & (starts % block_len != 0)]
-    marks[inside] = 1
+    inside = starts[: np.searchsorted(starts, blocks * block_len)]
+    marks[inside[inside % block_len != 0]] = 1
     return np.cumsum(marks.reshape(blocks, block_len), axis=1)
+
+
+# Blocks cut at once are capped near this many tokens, so a large read is not turned into
+# one huge block array.
+CUT_TOKENS = 1 << 20
 
 
 @dataclass
@@ -126,9 +131,10 @@ class Cut:
     doc_ids: np.ndarray
     first_emitted: int  # blocks emitted before this cut
     consumed: np.ndarray  # [k] documents consumed after each block
-    ends: np.ndarray  # [k] end (stream position) of the last document consumed by then
-    stream: np.ndarray  # the stream the blocks were cut from (from the first block's start)
-    starts: np.ndarray  # document starts in ``stream``
+    ends: np.ndarray  # [k] stream position where the buffer ends after each block
+    stream: np.ndarray  # the packer's stream; the cut's first block starts at ``base``
+    starts: np.ndarray  # document starts in ``stream`` (ascending)
+    base: int
     block_len: int
 
     def __len__(self) -> int:
@@ -136,19 +142,20 @@ class Cut:
 
     def progress_after(self, j: int) -> SplitProgress:
         """The split's state after the first ``j`` (``1 <= j <= len``) blocks of the cut."""
-        lo, hi = j * self.block_len, int(self.ends[j - 1])
+        lo, hi = self.base + j * self.block_len, int(self.ends[j - 1])
         tokens = self.stream[lo:hi].copy() if hi > lo else np.empty(0, np.int64)
-        starts = self.starts[(self.starts >= lo) & (self.starts < hi)] - lo
-        return SplitProgress(int(self.consumed[j - 1]), self.first_emitted + j, tokens, starts)
+        a, b = np.searchsorted(self.starts, [lo, hi])
+        return SplitProgress(int(self.consumed[j - 1]), self.first_emitted + j, tokens,
+                             self.starts[a:b] - lo)
 
 
 @dataclass
 class SplitPacker:
     """Packs one split: fed its documents in order, cuts the reference's blocks.
 
-    ``stream`` holds the tokens after the last block cut: the reference buffer (documents
-    already consumed) followed by fed documents not consumed yet; ``starts`` their document
-    starts, the last ``pending`` of which are the documents not consumed yet.
+    ``stream[head:]`` holds the tokens after the last block cut: the reference buffer
+    (documents already consumed) followed by fed documents not consumed yet, which start at
+    ``starts[first_pending:]``.
     """
 
     config: PackConfig
@@ -158,7 +165,8 @@ class SplitPacker:
     exhausted: bool = False  # every document of the split has been fed
     stream: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    pending: int = 0
+    head: int = 0
+    first_pending: int = 0
 
     @classmethod
     def resume(cls, config: PackConfig, progress: SplitProgress) -> SplitPacker:
@@ -167,66 +175,76 @@ class SplitPacker:
         stream = np.asarray(progress.tokens if has else [], dtype=np.int64)
         starts = np.asarray(progress.starts if progress.starts is not None else [], np.int64)
         return cls(config, progress.consumed, progress.emitted, has, stream=stream,
-                   starts=starts)
+                   starts=starts, first_pending=len(starts))
 
     @property
     def budget_left(self) -> int:
         return self.config.blocks_per_split - self.emitted
 
+    @property
+    def held(self) -> int:
+        """Tokens held: the buffer and the documents fed but not consumed."""
+        return len(self.stream) - self.head
+
     def feed(self, values: np.ndarray, offsets: np.ndarray, *, last: bool = False) -> None:
         """Append the split's next documents (``last``: no documents follow them)."""
         if len(offsets) > 1:
             tokens, starts = join_documents(values, offsets, self.config.eos_id)
-            self.starts = np.concatenate([self.starts, starts + len(self.stream)])
-            self.stream = np.concatenate([self.stream, tokens])
-            self.pending += len(offsets) - 1
+            cut_starts = int(np.searchsorted(self.starts, self.head))
+            self.first_pending -= cut_starts
+            self.starts = np.concatenate([self.starts[cut_starts:] - self.head,
+                                          starts + self.held])
+            self.stream = np.concatenate([self.stream[self.head:], tokens])
+            self.head = 0
         self.exhausted = self.exhausted or last
 
     def ready(self) -> int:
         """Blocks that can be cut now (without more documents), within the budget."""
         if self.exhausted:
             return self.budget_left
-        return min(self.budget_left, len(self.stream) // self.config.block_len)
+        return min(self.budget_left, self.held // self.config.block_len)
 
     def cut(self, count: int) -> Cut:
         """Cut the next ``count`` (``1 <= count <= ready()``) blocks."""
         if not 0 < count <= self.ready():
             raise ValueError(f"cannot cut {count} blocks: {self.ready()} are ready")
-        L = self.config.block_len
+        L, head = self.config.block_len, self.head
         size = count * L
-        stream, starts = self.stream, self.starts
         ids = np.full(size, self.config.pad_id, dtype=np.int64)
-        real = min(size, len(stream))
-        ids[:real] = stream[:real]
-        pending_starts = starts[len(starts) - self.pending:]
-        block_ends = np.arange(1, count + 1, dtype=np.int64) * L
+        real = min(size, self.held)
+        ids[:real] = self.stream[head:head + real]
+        pending = self.starts[self.first_pending:]
+        block_ends = head + np.arange(1, count + 1, dtype=np.int64) * L
         # The reference fills while its buffer is short of a block: after block j it has
         # consumed the documents starting before the block's end, and its buffer ends where
         # the first document not consumed starts.
-        taken = np.searchsorted(pending_starts, block_ends, side="left")
-        ends = np.maximum(np.append(pending_starts, len(stream))[taken], block_ends)
-        cut = Cut(ids.reshape(count, L), doc_ids_of(starts, count, L), self.emitted,
-                  self.consumed + taken, ends, stream, starts, L)
+        taken = np.searchsorted(pending, block_ends, side="left")
+        ends = np.maximum(np.append(pending, len(self.stream))[taken], block_ends)
+        lo = int(np.searchsorted(self.starts, head))
+        cut = Cut(ids.reshape(count, L), doc_ids_of(self.starts[lo:] - head, count, L),
+                  self.emitted, self.consumed + taken, ends, self.stream, self.starts, head, L)
         self.consumed += int(taken[-1])
         self.emitted += count
-        self.pending -= int(taken[-1])
+        self.first_pending += int(taken[-1])
         self.has_buffer = True
-        self.stream = stream[size:]
-        self.starts = starts[starts >= size] - size
+        self.head = min(head + size, len(self.stream))
         return cut
+
+    def cut_ready(self, at_least: int) -> Cut:
+        """Cut ``at_least`` blocks, or more (up to about ``CUT_TOKENS``) if ready."""
+        cap = max(at_least, CUT_TOKENS // self.config.block_len)
+        return self.cut(min(self.ready(), cap))
 
     def state(self) -> SplitProgress:
         """The split's state after the last block cut (documents fed since are not in it)."""
         if not self.has_buffer:
             return SplitProgress(self.consumed, self.emitted)
-        end = len(self.stream) if not self.pending else int(
-            self.starts[len(self.starts) - self.pending])
-        return SplitProgress(self.consumed, self.emitted, self.stream[:end].copy(),
-                             self.starts[: len(self.starts) - self.pending].copy())
-
-    def left_out(self) -> int:
-        """Tokens held (buffer and fed documents) that the spent budget leaves out."""
-        return len(self.stream) if self.budget_left == 0 else 0
+        pending = self.first_pending < len(self.starts)
+        end = int(self.starts[self.first_pending]) if pending else len(self.stream)
+        end = max(end, self.head)
+        lo = int(np.searchsorted(self.starts, self.head))
+        return SplitProgress(self.consumed, self.emitted, self.stream[self.head:end].copy(),
+                             self.starts[lo:self.first_pending] - self.head)
 
 
 def position_ids_of(doc_ids: np.ndarray) -> np.ndarray:
