@@ -25,6 +25,17 @@ NOT_ALIGNED = ("Packed checkpoint is not aligned across the splits owned by this
 
 
 @dataclass
+class _Queued:
+    """A cut whose blocks from ``next`` on are not delivered yet."""
+
+    cut: Cut
+    next: int = 0
+
+    def __len__(self) -> int:
+        return len(self.cut) - self.next
+
+
+@dataclass
 class Blocks:
     """Consecutive blocks of one rank's sequence: ``[k, L]`` int64 arrays."""
 
@@ -53,7 +64,7 @@ class RankPacker:
         self.fed = [p.consumed for p in progress]  # next position to feed, per split
         for packer, position in zip(self.packers, self.fed):
             packer.exhausted = position >= split_len
-        self.queues: list[deque[list[object]]] = [deque() for _ in self.splits]
+        self.queues: list[deque[_Queued]] = [deque() for _ in self.splits]
         self.last: list[tuple[Cut, int] | SplitProgress] = list(progress)
         self.delivered = 0
         self.start_emitted = emitted.pop() if emitted else 0
@@ -78,13 +89,13 @@ class RankPacker:
         """The split (local index) that needs documents before the next ``count`` blocks
         can be taken, or None when they can; cuts blocks as they become ready."""
         for i, need in enumerate(self._counts(min(count, len(self)))):
-            queued = sum(len(cut) - j for cut, j in self.queues[i])  # type: ignore[arg-type]
+            queued = sum(len(q) for q in self.queues[i])
             packer = self.packers[i]
             while queued < need:
                 if not packer.ready():
                     return i
                 cut = packer.cut_ready(need - queued)
-                self.queues[i].append([cut, 0])
+                self.queues[i].append(_Queued(cut))
                 queued += len(cut)
         return None
 
@@ -115,15 +126,13 @@ class RankPacker:
             rows = slice((i - t0) % n, count, n)
             got_ids, got_docs = [], []
             while need:
-                entry = self.queues[i][0]
-                cut, j = entry
-                assert isinstance(cut, Cut) and isinstance(j, int)
-                use = min(need, len(cut) - j)
-                got_ids.append(cut.input_ids[j:j + use])
-                got_docs.append(cut.doc_ids[j:j + use])
-                entry[1] = j + use
-                self.last[i] = (cut, j + use)
-                if j + use == len(cut):
+                q = self.queues[i][0]
+                j, use = q.next, min(need, len(q))
+                got_ids.append(q.cut.input_ids[j:j + use])
+                got_docs.append(q.cut.doc_ids[j:j + use])
+                q.next = j + use
+                self.last[i] = (q.cut, q.next)
+                if not len(q):
                     self.queues[i].popleft()
                 need -= use
             if got_ids:
