@@ -38,10 +38,10 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_table import create_table  # noqa: E402
 
-from lance_ray.coordinator import Coordinator  # noqa: E402
-from lance_ray.coordinator_plans import CoordinatorPlans  # noqa: E402
-from lance_ray.plan import rank_splits  # noqa: E402
-from lance_ray.reporting import ReportPolicy  # noqa: E402
+from lance_ray.coordinator.actor import Coordinator  # noqa: E402
+from lance_ray.plan.sources import CoordinatorPlans  # noqa: E402
+from lance_ray.state.reporting import ReportPolicy  # noqa: E402
+from lance_ray.topology import rank_splits  # noqa: E402
 
 
 def rss_mib(pid: int) -> float:

@@ -104,9 +104,9 @@ def run_mode(uri: str, rows: int, splits: int, batch: int, mode: dict[str, Any])
 def simulate(rows: int, splits: int, filtered: bool, sample: int) -> dict:
     """Every row id of a ``plan="index"`` epoch over a simulated table of ``rows`` rows (or
     only the first ``sample`` samples of the epoch, checked distinct, when ``sample``)."""
-    from lance_ray.index_plan import computed_plan, dense_row_space, listed_row_space
-    from lance_ray.order import stream_for
-    from lance_ray.plan import PlanSpec
+    from lance_ray.plan.index import computed_plan, dense_row_space, listed_row_space
+    from lance_ray.plan.splits import PlanSpec
+    from lance_ray.stream.order import stream_for
 
     frag = 1 << 20
     counts = [(f, min(frag, rows - f * frag)) for f in range(-(-rows // frag))]

@@ -54,8 +54,8 @@ import chaos_trainer  # noqa: E402
 from make_table import create_table  # noqa: E402
 
 import lance_ray  # noqa: E402
-from lance_ray.coordinator import Coordinator  # noqa: E402
-from lance_ray.verify import CoverageReport, compare_steps, coverage  # noqa: E402
+from lance_ray.coordinator.actor import Coordinator  # noqa: E402
+from lance_ray.proof.verify import CoverageReport, compare_steps, coverage  # noqa: E402
 
 logger = logging.getLogger("chaos")
 KINDS = ("rank", "checkpoint", "coordinator", "node")

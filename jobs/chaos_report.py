@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from chaos_trainer import RunShape, TrainerTrial, world_sizes
 
-from lance_ray.audit import AttemptLog
+from lance_ray.proof.audit import AttemptLog
 
 CAUSES = {"fault": "worker killed", "node removed": "node removed", "node added": "resize"}
 

@@ -40,9 +40,9 @@ from typing import Any, TypeVar
 import ray
 import verify as verify_job
 
-from lance_ray.audit import AttemptLog, read_attempt_logs
-from lance_ray.coordinator import Coordinator
-from lance_ray.verify import CoverageReport
+from lance_ray.coordinator.actor import Coordinator
+from lance_ray.proof.audit import AttemptLog, read_attempt_logs
+from lance_ray.proof.verify import CoverageReport
 
 logger = logging.getLogger("chaos")
 JOBS = Path(__file__).resolve().parent

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_table import create_table  # noqa: E402
 
 import lance_ray  # noqa: E402
-from lance_ray.verify import compare_steps, coverage  # noqa: E402
+from lance_ray.proof.verify import compare_steps, coverage  # noqa: E402
 
 logger = logging.getLogger("demo")
 

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from lance_ray import storage
-from lance_ray.audit import AttemptLog, read_attempt_logs
+from lance_ray.proof.audit import AttemptLog, read_attempt_logs
 
 
 def smoothed_rate(a: AttemptLog, window: int) -> tuple[list[float], list[float]]:

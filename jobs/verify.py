@@ -15,9 +15,9 @@ from pathlib import Path
 
 import lance_ray
 from lance_ray import storage
-from lance_ray.audit import lineage, read_attempts
-from lance_ray.state import read_json
-from lance_ray.verify import CoverageReport, compare_steps, coverage
+from lance_ray.proof.audit import lineage, read_attempts
+from lance_ray.proof.verify import CoverageReport, compare_steps, coverage
+from lance_ray.storage import read_json
 
 
 def uninterrupted_steps(run: dict) -> list[list[int]]:

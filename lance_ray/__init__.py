@@ -13,16 +13,16 @@ __version__ = "0.1.0"
 
 # Imported on first use, so that `python -m lance_ray inspect ...` does not pay for torch.
 _EXPORTS = {
-    "StreamingDataset": "dataset",
-    "StreamingDataLoader": "loader",
-    "Coordinator": "coordinator",
-    "ReportPolicy": "reporting",
-    "PlanSpec": "plan",
-    "SplitPlan": "plan",
-    "valid_world_sizes": "plan",
-    "load_state": "state",
-    "merge_state_dicts": "state",
-    "save_state": "state",
+    "StreamingDataset": "view.dataset",
+    "StreamingDataLoader": "view.loader",
+    "Coordinator": "coordinator.actor",
+    "ReportPolicy": "state.reporting",
+    "PlanSpec": "plan.splits",
+    "SplitPlan": "plan.splits",
+    "valid_world_sizes": "topology",
+    "load_state": "state.jsonio",
+    "merge_state_dicts": "state.merge",
+    "save_state": "state.jsonio",
 }
 
 __all__ = sorted(_EXPORTS)

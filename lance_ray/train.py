@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from . import storage
-from .coordinator import Coordinator
-from .dataset import StreamingDataset
-from .plan import valid_world_sizes
-from .plan_source import DEFAULT_NAMESPACE
-from .state import load_state, merge_state_dicts, save_state
+from .coordinator.actor import Coordinator
+from .plan.sources import DEFAULT_NAMESPACE
+from .state.jsonio import load_state, save_state
+from .state.merge import merge_state_dicts
 from .storage import StorageOptionsFactory
+from .topology import valid_world_sizes
+from .view.dataset import StreamingDataset
 
 logger = logging.getLogger(__name__)
 

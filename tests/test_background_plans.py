@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 import lance_ray
-from lance_ray.background import BackgroundPlans
-from lance_ray.coordinator import Coordinator
-from lance_ray.plan_source import build_part
+from lance_ray.coordinator.actor import Coordinator
+from lance_ray.plan.background import BackgroundPlans
+from lance_ray.plan.sources import build_part
 
 NUM_SPLITS = 4
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lance_ray import StreamingDataLoader, StreamingDataset
-from lance_ray.state import EXTRA_KEY
+from lance_ray.state.format import EXTRA_KEY
 
 NUM_SPLITS = 4
 SPLIT_LEN = 250  # 1000 rows / 4 splits

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lance_ray.batching import requests_for, selected_batches
-from lance_ray.order import stream_for
-from lance_ray.plan import PlanSpec, SplitPlan
-from lance_ray.read import FIRST_READ_ROWS, read_sizes
+from lance_ray.plan.splits import PlanSpec, SplitPlan
+from lance_ray.read.batching import requests_for, selected_batches
+from lance_ray.read.requests import FIRST_READ_ROWS, read_sizes
+from lance_ray.stream.order import stream_for
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 300, FIRST_READ_ROWS, 65536])

@@ -14,7 +14,9 @@ import pytest
 
 import lance_ray
 from lance_ray.cli import PNG_MAGIC, main, summarize_state
-from lance_ray.state import PlanIdentity, load_state, make_state, merge_state_dicts, save_state
+from lance_ray.state.format import PlanIdentity, make_state
+from lance_ray.state.jsonio import load_state, save_state
+from lance_ray.state.merge import merge_state_dicts
 
 NUM_SPLITS = 8
 BATCH = 16
@@ -281,7 +283,7 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(case, capsys, table_1k,
 
 
 def test_status_of_a_live_coordinator(capsys, ray_session, table_1k, tmp_path):
-    from lance_ray.coordinator import Coordinator
+    from lance_ray.coordinator.actor import Coordinator
 
     coordinator = Coordinator.create(table_1k, "cli_status", storage_path=str(tmp_path),
                                      world_size=2, num_splits=NUM_SPLITS)

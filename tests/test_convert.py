@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from lance_ray.convert import Columns, to_columns
+from lance_ray.read.convert import Columns, to_columns
 
 
 def _batch(n: int = 6) -> pa.RecordBatch:

@@ -12,10 +12,10 @@ import ray
 from conftest import wait_sealed
 
 import lance_ray
-from lance_ray.coordinator import Coordinator
-from lance_ray.ledger import StaleReport
-from lance_ray.reporting import ReportPolicy
-from lance_ray.verify import compare_steps, coverage
+from lance_ray.coordinator.actor import Coordinator
+from lance_ray.proof.verify import compare_steps, coverage
+from lance_ray.state.ledger import StaleReport
+from lance_ray.state.reporting import ReportPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from chaos import Rank  # noqa: E402  (a rank actor: a view in its own process)

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from lancedb import streaming as reference
 
 import lance_ray
-from lance_ray.plan import rank_splits, valid_world_sizes
-from lance_ray.state import parse_state
+from lance_ray.state.format import parse_state
+from lance_ray.topology import rank_splits, valid_world_sizes
 
 SPLITS = 12
 SEED = 42
@@ -186,7 +186,7 @@ def test_worker_override_inside_a_real_worker_warns_and_not_in_the_main_process(
     with caplog.at_level(logging.WARNING, logger="lance_ray"):
         list(ds)
     assert not caplog.records
-    with mock.patch("lance_ray.compat.get_worker_info", return_value=Worker(0, 4)), \
+    with mock.patch("lance_ray.view.compat.get_worker_info", return_value=Worker(0, 4)), \
             caplog.at_level(logging.WARNING, logger="lance_ray"):
         list(ours(table, worker_info_override=Worker(0, 2)))
     assert "worker_info_override" in caplog.text

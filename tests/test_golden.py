@@ -5,7 +5,7 @@ with it, because checkpoints in the wild depend on both."""
 from __future__ import annotations
 
 import lance_ray
-from lance_ray.state import FORMAT_VERSION, PlanIdentity, make_state
+from lance_ray.state.format import FORMAT_VERSION, PlanIdentity, make_state
 
 IDENTITY = PlanIdentity(num_splits=4, shuffle_seed=7, epoch=1, split_len=250, table_version=3,
                         plan_fingerprint="abc", shuffle=True, filter="id > 1",

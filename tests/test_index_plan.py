@@ -21,15 +21,15 @@ from hypothesis import strategies as st
 from test_resume import PROPERTY, ids
 
 import lance_ray
-from lance_ray.index_plan import (
+from lance_ray.plan.index import (
     Feistel,
     ShuffledOrder,
     computed_plan,
     dense_row_space,
     listed_row_space,
 )
-from lance_ray.plan import PlanSpec, PlanTooLargeError
-from lance_ray.state import merge_state_dicts
+from lance_ray.plan.splits import PlanSpec, PlanTooLargeError
+from lance_ray.state.merge import merge_state_dicts
 
 PURE = settings(deadline=None, max_examples=100)
 
@@ -126,8 +126,8 @@ def test_unshuffled_index_plan_is_storage_order_in_equal_runs():
 
 SUBPROCESS_PLAN = """
 import json, sys, numpy as np
-from lance_ray.index_plan import computed_plan, dense_row_space
-from lance_ray.plan import PlanSpec
+from lance_ray.plan.index import computed_plan, dense_row_space
+from lance_ray.plan.splits import PlanSpec
 args = json.loads(sys.argv[1])
 plan = computed_plan(PlanSpec(1, *args["spec"], None, "index"), dense_row_space(args["frags"]))
 s = np.repeat(np.arange(plan.spec.num_splits), plan.split_len)

@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from lance_ray import ledger as lg
-from lance_ray.order import stream_for
-from lance_ray.plan import rank_splits, valid_world_sizes
-from lance_ray.state import PlanIdentity, make_state, merge_state_dicts
+from lance_ray.state import ledger as lg
+from lance_ray.state.format import PlanIdentity, make_state
+from lance_ray.state.merge import merge_state_dicts
+from lance_ray.stream.order import stream_for
+from lance_ray.topology import rank_splits, valid_world_sizes
 
 IDENTITY = PlanIdentity(8, 0, 0, 50, 1, "f", True, None, None)
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from lance_ray.order import RankStream, stream_for
+from lance_ray.stream.order import RankStream, stream_for
 
 Pair = tuple[int, int]
 

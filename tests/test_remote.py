@@ -29,7 +29,8 @@ from lancedb import streaming as reference
 from lancedb_http import Connector, LanceHttpServer
 
 import lance_ray
-from lance_ray import remote, valid_world_sizes
+from lance_ray.plan import remote
+from lance_ray.topology import valid_world_sizes
 
 KEY = "sk-remote-test-9f3b"
 ROWS = 600
@@ -277,11 +278,11 @@ def test_storage_options_on_a_remote_table_are_refused(table):
 
 
 def test_coordinator_and_leases_refuse_a_remote_table_by_name(table, tmp_path):
-    from lance_ray.coordinator import Coordinator
+    from lance_ray.coordinator.actor import Coordinator
 
-    ref = lance_ray.table.resolve_table(table)
+    ref = lance_ray.plan.resolve.resolve_table(table)
     with pytest.raises(ValueError, match="remote LanceDB table.*coordinator"):
-        lance_ray.table.take_lease(ref, "run")
+        lance_ray.plan.table.take_lease(ref, "run")
     with pytest.raises(ValueError, match="coordinator needs a Lance dataset"):
         Coordinator.create(table, "run", storage_path=str(tmp_path), world_size=1,
                            lease_version=False)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from lance_ray.reporting import TICK_S, Reporter, ReportPolicy
+from lance_ray.state.reporting import TICK_S, Reporter, ReportPolicy
 
 
 class Recorder:

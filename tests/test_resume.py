@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 import lance_ray
 from lance_ray import StreamingDataLoader, merge_state_dicts, valid_world_sizes
-from lance_ray.plan import PLAN_MODES
+from lance_ray.plan.splits import PLAN_MODES
 
 TABLES = ((37, 1), (250, 2), (1000, 3))
 FILTERS = (None, "id % 3 != 0", "x < 100")

@@ -16,9 +16,9 @@ from test_coordinator import NUM_SPLITS, local_views, step_views, uninterrupted,
 
 import lance_ray
 from lance_ray import storage
-from lance_ray.coordinator import Coordinator
-from lance_ray.plan_source import DEFAULT_NAMESPACE
-from lance_ray.verify import compare_steps, coverage
+from lance_ray.coordinator.actor import Coordinator
+from lance_ray.plan.sources import DEFAULT_NAMESPACE
+from lance_ray.proof.verify import compare_steps, coverage
 
 
 @pytest.fixture(scope="module")

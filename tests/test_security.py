@@ -80,8 +80,8 @@ def test_s3_credentials_never_appear_in_objects_states_logs_or_pickles(ray_sessi
     import ray.cloudpickle
     from conftest import write_table
 
-    from lance_ray.audit import Attempt, SampleLog
-    from lance_ray.coordinator import Coordinator
+    from lance_ray.coordinator.actor import Coordinator
+    from lance_ray.proof.audit import Attempt, SampleLog
 
     table = write_table(f"{s3}/db", 200)
     coord = Coordinator.create(table, "secrets", storage_path=f"{s3}/store", world_size=1,

@@ -1,4 +1,4 @@
-"""lance_ray.state: the checkpoint format, its validation, merging and the JSON files.
+"""lance_ray.state.format: the checkpoint format, its validation, merging and the JSON files.
 
 Pure: no Ray, no Lance. Every rejection must be a ValueError (TypeError for a non-dict)
 whose message names the offending field, so that a user can fix the checkpoint.
@@ -15,18 +15,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lance_ray.state import (
+from lance_ray.state.format import (
     EXTRA_KEY,
     REFERENCE_KEYS,
     PlanIdentity,
     check_compatible,
     check_loadable_on,
-    load_state,
     make_state,
-    merge_state_dicts,
     parse_state,
-    save_state,
 )
+from lance_ray.state.jsonio import load_state, save_state
+from lance_ray.state.merge import merge_state_dicts
 
 SPLIT_LEN = 10
 IDENT = PlanIdentity(
@@ -102,7 +101,7 @@ def test_reference_state_without_positions_uses_samples_as_positions():
 
 
 def test_legacy_scalar_counter_applies_to_every_split_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="lance_ray.state"):
+    with caplog.at_level(logging.WARNING, logger="lance_ray.state.format"):
         p = parse_state(reference_state(3), SPLIT_LEN)  # type: ignore[arg-type]
     assert p.samples == p.positions == (3, 3, 3, 3)
     assert "legacy scalar" in caplog.text
@@ -284,7 +283,7 @@ def test_identity_with_a_missing_field_is_refused(field):
 
 def test_reference_state_is_checked_on_its_keys_and_warns_about_the_rest(caplog):
     state = reference_state([1, 1, 1, 1])
-    with caplog.at_level(logging.WARNING, logger="lance_ray.state"):
+    with caplog.at_level(logging.WARNING, logger="lance_ray.state.format"):
         check_compatible(state, IDENT)
     assert "cannot be verified" in caplog.text
     for field, other in [("epoch", 0), ("shuffle_seed", 0), ("num_splits", 2)]:
@@ -408,7 +407,7 @@ def test_merge_rejects_a_non_dict_member():
 def test_reference_states_merge_by_elementwise_max_with_a_warning(caplog):
     a = reference_state([6, 5, 2, 2])
     b = reference_state([2, 2, 6, 6], [2, 2, 6, 8])
-    with caplog.at_level(logging.WARNING, logger="lance_ray.state"):
+    with caplog.at_level(logging.WARNING, logger="lance_ray.state.format"):
         merged = merge_state_dicts([a, b])
     assert merged == {"shuffle_seed": 7, "num_splits": 4, "epoch": 2,
                       "samples_consumed_per_split": [6, 5, 6, 6],

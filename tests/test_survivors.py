@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lance_ray.cursor import lockstep_progress
-from lance_ray.order import stream_for
-from lance_ray.survivors import Interleaver
+from lance_ray.stream.cursor import lockstep_progress
+from lance_ray.stream.order import stream_for
+from lance_ray.stream.survivors import Interleaver
 
 
 def survivor_model(samples, positions, split_len, survives):

@@ -11,8 +11,8 @@ import pytest
 from conftest import wait_sealed, write_table
 
 import lance_ray
-from lance_ray.coordinator import Coordinator
-from lance_ray.verify import coverage
+from lance_ray.coordinator.actor import Coordinator
+from lance_ray.proof.verify import coverage
 
 
 @pytest.fixture

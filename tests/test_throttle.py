@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from lance_ray.throttle import Throttled
+from lance_ray.coordinator.throttle import Throttled
 
 
 def test_a_burst_runs_once_at_once_and_once_more_for_its_last_request():

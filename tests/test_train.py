@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lance_ray.audit import read_attempts
+from lance_ray.proof.audit import read_attempts
 from lance_ray.train import check_world_sizes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 import lance_ray
-from lance_ray.transform import Skipped, TransformPolicy
+from lance_ray.read.transform import Skipped, TransformPolicy
 
 
 def ids_unless_bad(batch: pa.RecordBatch) -> list[int]:

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import state as st
-from ..plan import rank_splits, valid_world_sizes
+from ..state import format as st
+from ..topology import rank_splits, valid_world_sizes
 from .text import (
     EXIT_OK,
     CliError,

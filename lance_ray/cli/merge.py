@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from .. import state as st
+from ..state.format import EXTRA_KEY
+from ..state.jsonio import save_state
+from ..state.merge import merge_state_dicts
 from .text import (
     EXIT_OK,
     CliError,
@@ -19,14 +21,14 @@ def cmd_merge(args: argparse.Namespace) -> int:
     """``merge STATE... [-o OUT]``."""
     states = [read_state_file(p) for p in args.states]
     try:
-        merged = st.merge_state_dicts(states)
+        merged = merge_state_dicts(states)
     except (ValueError, TypeError) as e:
         raise CliError(f"cannot merge {len(states)} state(s): {one_line(e)}") from e
     if args.output is None:
         print(json.dumps(merged, sort_keys=True, indent=None if args.json else 2))
         return EXIT_OK
-    st.save_state(args.output, merged)
-    extra = merged.get(st.EXTRA_KEY) or {}
+    save_state(args.output, merged)
+    extra = merged.get(EXTRA_KEY) or {}
     report = {"output": args.output, "inputs": list(args.states), "epoch": merged["epoch"],
               "num_splits": merged["num_splits"], "global_step": extra.get("global_step"),
               "total_consumed": sum(merged["samples_consumed_per_split"])}

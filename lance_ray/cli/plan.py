@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..plan import valid_world_sizes
+from ..topology import valid_world_sizes
 from .text import (
     EXIT_OK,
     emit_json,
@@ -70,19 +70,18 @@ def describe_plan(
 
     Raises ``ValueError`` for invalid arguments, a missing table or version, or a bad filter.
     """
-    from ..plan import PlanSpec, check_plan_args
-    from ..plan_source import plan_for
-    from ..table import count_rows, resolve_table
+    from ..plan.resolve import resolve_plan
+    from ..plan.sources import plan_for
 
-    seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed, epoch=epoch,
-                           shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan)
     try:
-        ref = resolve_table(table, version=table_version)
+        resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
+                                shuffle_seed=shuffle_seed, epoch=epoch,
+                                shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
+                                table_version=table_version)
     except ValueError as e:
         raise ValueError(f"{e}{_no_dataset_hint(table)}") from e
-    rows = count_rows(ref, filter, num_splits)
-    spec = PlanSpec(ref.version, num_splits, shuffle, seed, epoch, shuffle_clump_size, filter,
-                    plan)
+    ref, spec, rows = resolved.table, resolved.spec, resolved.rows
+    seed = spec.shuffle_seed
     built = plan_for(ref, spec, rows)
     out: dict[str, Any] = {
         "plan": plan,

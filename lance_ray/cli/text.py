@@ -9,7 +9,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import state as st
+from ..state import format as st
+from ..storage import read_json
 
 PROG = "lance-ray-streaming"
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
@@ -41,7 +42,7 @@ def read_state_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate the checkpoint state at ``path``; a :class:`CliError` names the file."""
     name = os.fspath(path)
     try:
-        state = st.read_json(path)
+        state = read_json(path)
     except OSError as e:
         raise CliError(f"cannot read {name!r}: {e.strerror or e}") from e
     except (ValueError, UnicodeDecodeError) as e:  # read_json's message names the file

@@ -3,7 +3,7 @@
 A view commits a batch far more often than the coordinator needs to hear about it (a
 thousand ranks each reporting every batch is more calls than one actor can answer). A
 :class:`Reporter` buffers each committed step and sends the buffered steps as one
-:class:`~lance_ray.ledger.ReportBatch`
+:class:`~lance_ray.state.ledger.ReportBatch`
 
 * once ``every_batches`` steps are buffered, or the oldest has waited the policy's interval
   (checked at each commit and by one background thread per process, so a rank that stops

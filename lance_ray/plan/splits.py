@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .index_plan import ComputedSplits
+from ..checks import positive_int
+from ..state.format import PlanIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,12 @@ PLAN_MODES = ("lancedb", "index")
 # splits). Above 3M we refuse at once: the builder takes ~1 min to fail at 100M rows.
 BUILDER_SHUFFLE_LIMIT = "about 2.5M rows"
 BUILDER_SHUFFLE_MAX_ROWS = 3_000_000
+
+
+class RowIdMap(Protocol):
+    """Row ids computed for any (split, position); ``index.ComputedSplits`` is one."""
+
+    def row_ids(self, splits: np.ndarray, positions: np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class SplitPlan:
     fingerprint: str
     row_ids: np.ndarray | None  # shape (len(owned), split_len), uint64
     first_split: int = 0
-    computed: ComputedSplits | None = None
+    computed: RowIdMap | None = None
 
     @property
     def dropped_rows(self) -> int:
@@ -102,20 +108,28 @@ class SplitPlan:
         positions = np.asarray(positions, dtype=np.int64)
         return self.rows_at(np.full(positions.shape, split, dtype=np.int64), positions)
 
+    def identity(self) -> PlanIdentity:
+        """What a state must agree with before it may be applied to this plan."""
+        s = self.spec
+        return PlanIdentity(
+            s.num_splits,
+            s.shuffle_seed,
+            s.epoch,
+            self.split_len,
+            s.table_version,
+            self.fingerprint,
+            s.shuffle,
+            s.filter,
+            s.shuffle_clump_size,
+            s.plan,
+        )
+
     def rows_at(self, splits: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """Row ids of the samples at ``positions`` of global ``splits`` (element-wise)."""
         if self.row_ids is None:
             assert self.computed is not None
             return self.computed.row_ids(splits, positions)
         return self.row_ids[np.asarray(splits) - self.first_split, positions]
-
-
-def positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
-    """Raise a ValueError naming ``name`` unless ``value`` is a positive int (not a bool)."""
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def check_epoch_seed(shuffle_seed: int, epoch: object) -> None:
@@ -154,29 +168,6 @@ def plan_fingerprint(spec: PlanSpec, row_ids: np.ndarray) -> str:
     h.update(repr(sorted(spec.config().items())).encode())  # as before plan modes
     h.update(np.ascontiguousarray(row_ids, dtype="<u8").tobytes())
     return h.hexdigest()[:16]
-
-
-def splits_per_rank(num_splits: int, world_size: int) -> int:
-    """How many splits each rank owns; raises if ``world_size`` does not divide them."""
-    if world_size <= 0 or num_splits % world_size != 0:
-        raise ValueError(
-            f"num_splits ({num_splits}) must be divisible by world_size ({world_size}); "
-            f"valid world sizes for {num_splits} splits are {valid_world_sizes(num_splits)}"
-        )
-    return num_splits // world_size
-
-
-def rank_splits(rank: int, world_size: int, num_splits: int) -> list[int]:
-    """The contiguous block of splits rank ``rank`` owns (the reference's assignment)."""
-    per_rank = splits_per_rank(num_splits, world_size)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank ({rank}) must be in [0, {world_size}) for world_size {world_size}")
-    return list(range(rank * per_rank, (rank + 1) * per_rank))
-
-
-def valid_world_sizes(num_splits: int) -> list[int]:
-    """Every world size a plan with ``num_splits`` splits can be read on."""
-    return [w for w in range(1, num_splits + 1) if num_splits % w == 0]
 
 
 def plan_from_permutation(spec: PlanSpec, row_ids: np.ndarray, split_ids: np.ndarray) -> SplitPlan:

@@ -3,7 +3,7 @@
 ``LocalPlans`` builds the plan in the view's own process (like the reference);
 ``RayTaskPlans`` builds it in a Ray task (when Ray is up), so the trainer holds only its
 own splits;
-``coordinator_plans.CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
+``CoordinatorPlans`` asks the coordinator actor, which builds it once per epoch.
 Local and Ray-task sources build the next epoch's plan in the background as soon as an
 epoch's plan is handed over, so no epoch after the first waits for its plan.
 """
@@ -15,10 +15,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+import ray
+
+from ..state import format as st
+from ..state import ledger as lg
+from ..state.format import PlanIdentity
+from ..state.reporting import Reporter, ReportPolicy
 from .background import BackgroundPlans
-from .index_plan import build_index_plan
-from .plan import PlanSpec, SplitPlan, build_plan, check_epoch_seed
-from .state import PlanIdentity
+from .index import build_index_plan
+from .splits import PlanSpec, SplitPlan, build_plan, check_epoch_seed
 from .table import TableRef
 
 DEFAULT_NAMESPACE = "lance_ray"
@@ -131,7 +136,7 @@ def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
     part = full.splits(owned[0], len(owned))
     if part.row_ids is not None and len(owned) < spec.num_splits:
         part = replace(part, row_ids=part.row_ids.copy())  # a view keeps all splits alive
-    return part, PlanIdentity.of(full)
+    return part, full.identity()
 
 
 def ray_is_up() -> bool:
@@ -139,3 +144,77 @@ def ray_is_up() -> bool:
     return ray is not None and ray.is_initialized()
 
 
+def find_coordinator(name: str, namespace: str) -> Any:
+    """The handle of the live coordinator actor ``name`` in ``namespace``."""
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError as e:
+        raise ValueError(
+            f"no coordinator named {name!r} in namespace {namespace!r}; create it with "
+            "Coordinator.create() in the job driver first"
+        ) from e
+
+
+class _ActorChannel:
+    """Report batches go to the coordinator actor, fire and forget."""
+
+    def __init__(self, handle: Any):
+        self.handle = handle
+
+    def send(self, batch: lg.ReportBatch) -> Any:
+        return self.handle.report_batch.remote(batch.rank, batch.world_size, batch.epoch,
+                                               batch.steps, batch.samples, batch.positions)
+
+    def finished(self, replies: list[Any]) -> list[Any]:
+        return ray.wait(replies, num_returns=len(replies), timeout=0)[0]
+
+    def result(self, reply: Any) -> Any:
+        return ray.get(reply)
+
+
+class CoordinatorPlans:
+    """The ``PlanSource`` of a view attached to a coordinator.
+
+    Progress reports are coalesced by a :class:`~lance_ray.state.reporting.Reporter` under the
+    coordinator's report policy; a checkpoint (``flush``) and a new epoch first wait until
+    the coordinator has every report sent so far.
+    """
+
+    wants_reports = True
+
+    def __init__(self, handle: Any, policy: ReportPolicy | None = None):
+        self.handle = handle
+        self.policy = policy or ReportPolicy()
+        self._reporter = Reporter(_ActorChannel(handle), self.policy)
+
+    @classmethod
+    def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
+        handle = find_coordinator(name, namespace)
+        return cls(handle, ReportPolicy(**ray.get(handle.report_policy.remote())))
+
+    def describe(self) -> tuple[TableRef, PlanSpec]:
+        return ray.get(self.handle.describe.remote())
+
+    def start(self, rank: int, world_size: int) -> dict[str, Any]:
+        return ray.get(self.handle.start.remote(rank, world_size))
+
+    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, st.PlanIdentity]:
+        return ray.get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
+
+    def report(self, rank: int, world_size: int, epoch: int, step: int,
+               samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
+        self._reporter.add(rank, world_size, epoch, step, samples, positions, final=final)
+
+    def flush(self, *, wait: bool = True) -> None:
+        """Send the buffered reports; with ``wait``, until every report is acknowledged."""
+        self._reporter.flush(wait=wait)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._reporter.flush(wait=True)  # the old epoch's last steps seal before it ends
+        ray.get(self.handle.set_epoch.remote(epoch))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"handle": self.handle, "policy": self.policy}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["handle"], state["policy"])  # type: ignore[misc]

@@ -18,8 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import storage
-from .storage import StorageOptionsFactory
+from .. import storage
+from ..storage import StorageOptionsFactory
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 

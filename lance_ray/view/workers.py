@@ -21,7 +21,7 @@ from multiprocessing.context import ForkServerContext, ForkServerProcess
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ["torch", "pyarrow", "lance", "lance_ray.dataset"]
+PRELOAD = ["torch", "pyarrow", "lance", "lance_ray.view.dataset"]
 
 
 def unguarded_main_line() -> int | None:

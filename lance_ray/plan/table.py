@@ -11,14 +11,13 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from .storage import StorageOptionsFactory
+from ..storage import StorageOptionsFactory
 
 logger = logging.getLogger(__name__)
 
@@ -90,70 +89,6 @@ def _open_lance_uncached(uri: str, version: int,
             f"cannot open version {version} of the Lance dataset at {uri!r}: {e}. If that "
             "version was cleaned up, restore it or start a new run from the latest version"
         ) from e
-
-
-def resolve_table(
-    table: Any,
-    *,
-    version: int | None = None,
-    storage_options: StorageOptionsFactory | None = None,
-    connection_factory: Callable[[str], Any] | None = None,
-) -> TableRef:
-    """A ``TableRef`` for a LanceDB ``Table``, a ``lance.LanceDataset`` or a dataset URI.
-
-    ``version=None`` pins the table's current version. ``connection_factory`` (table name
-    -> table) reopens a remote table in other processes; local tables are reopened from
-    their URI and do not need it.
-    """
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool)
-                                or version < 1):
-        raise ValueError(f"table_version must be a positive integer, got {version!r}")
-    from .remote import is_remote_table, resolve_remote
-
-    if is_remote_table(table):
-        if storage_options is not None:
-            raise ValueError(
-                "storage_options configure Lance storage; a remote LanceDB table is read "
-                "through its server: drop storage_options (reopen it in other processes "
-                "with connection_factory)"
-            )
-        return resolve_remote(table, version, connection_factory)
-    if connection_factory is not None:
-        logger.info("connection_factory is used for remote tables only; %s is reopened "
-                    "from its URI", type(table).__name__)
-    if storage_options is not None and not callable(storage_options):
-        raise TypeError(
-            "storage_options must be a zero-argument callable returning a dict (so that "
-            "credentials are never pickled or logged), e.g. "
-            "storage_options=lambda: {'aws_access_key_id': os.environ['KEY']}"
-        )
-    if isinstance(table, str | os.PathLike):
-        import lance
-
-        uri = os.fspath(table)
-        try:
-            current = lance.dataset(
-                uri, storage_options=storage_options() if storage_options else None
-            ).version
-        except Exception as e:
-            raise ValueError(f"no Lance dataset at {uri!r}: {e}") from e
-    elif hasattr(table, "to_lance"):  # a LanceDB table
-        ds = table.to_lance()
-        uri, current = ds.uri, table.version
-    elif hasattr(table, "uri") and hasattr(table, "version"):  # a lance.LanceDataset
-        uri, current = table.uri, table.version
-    else:
-        raise TypeError(
-            "table must be a LanceDB Table, a lance.LanceDataset or the URI of a Lance "
-            f"dataset, got {type(table).__name__}"
-        )
-    if version is None:
-        version = int(current)
-    ref = TableRef(str(uri), int(version), storage_options)
-    # Fail here, naming the version, if it no longer exists (the per-process cache of open
-    # datasets could still hold it after a cleanup).
-    _open_lance_uncached(ref.uri, ref.version, storage_options)
-    return ref
 
 
 def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:

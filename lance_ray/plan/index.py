@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from .plan import EPOCH_SEED_STRIDE, PlanSpec, SplitPlan
+from .splits import EPOCH_SEED_STRIDE, PlanSpec, SplitPlan
 
 ROUNDS = 6
-ALGORITHM = "lance_ray.index_plan.feistel6.v1"  # in every fingerprint: bump if the order changes
+ALGORITHM = "lance_ray.plan.index.feistel6.v1"  # in every fingerprint: bump if the order changes
 FINGERPRINT_POSITIONS = 8  # planned row ids of each split's first positions, hashed as a check
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)

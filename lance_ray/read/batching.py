@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.splits import SplitPlan
+from ..stream.order import RankStream
 from .convert import Columns, concat
-from .order import RankStream
-from .plan import SplitPlan
-from .read import ChunkRequest, ChunkResult, read_sizes
-from .stats import NO_COST, ReadCost
+from .requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, read_sizes
 from .transform import delivered
 
 

@@ -7,13 +7,12 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .batching import collate
+from ..read.batching import collate
+from ..read.requests import FIRST_READ_ROWS, NO_COST, ChunkResult, ReadCost
+from ..read.transform import portable_items
+from ..stream.order import RankStream
 from .dataset import StreamingDataset
-from .order import RankStream
-from .read import FIRST_READ_ROWS, ChunkResult
 from .reading import Lease, every_row, leased
-from .stats import NO_COST, ReadCost
-from .transform import portable_items
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
 
 

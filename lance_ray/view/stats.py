@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..read.requests import ReadCost
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,22 +47,6 @@ def progress_bar(done: int, total: int, width: int = 20) -> str:
     """A text bar (``[#####-----]``): plain characters survive any log capture."""
     filled = width * done // total if total > 0 else width
     return "[" + "#" * filled + "-" * (width - filled) + "]"
-
-
-@dataclass(frozen=True)
-class ReadCost:
-    """What reading some rows cost: Arrow bytes, read and transform seconds."""
-
-    nbytes: int = 0
-    fetch_s: float = 0.0
-    transform_s: float = 0.0
-
-    def __add__(self, other: ReadCost) -> ReadCost:
-        return ReadCost(self.nbytes + other.nbytes, self.fetch_s + other.fetch_s,
-                        self.transform_s + other.transform_s)
-
-
-NO_COST = ReadCost()
 
 
 @dataclass

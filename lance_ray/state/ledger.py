@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .plan import splits_per_rank
+from ..topology import splits_per_rank
 
 # Pending steps older than this many steps behind the newest reported step are dropped: a
 # rank that far behind is dead or restarting, and its old steps can no longer seal. Views

@@ -17,23 +17,25 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch.utils.data import get_worker_info
 
-from .batching import Batch, assemble, collate, requests_for, selected_batches
+from ..read.batching import Batch, assemble, collate, requests_for, selected_batches
+from ..read.local import LocalReader
+from ..read.ray_data import RayDataReader
+from ..read.requests import FIRST_READ_ROWS, NO_COST, ChunkRequest, ChunkResult, ReadCost
+from ..read.transform import Failed, Skipped
+from ..stream.order import RankStream
+from ..stream.survivors import Interleaver
 from .compat import current_worker, worker_share
-from .order import RankStream
-from .read import FIRST_READ_ROWS, ChunkRequest, ChunkResult, LocalReader, RayDataReader
-from .stats import NO_COST, ReadCost, progress_bar
-from .survivors import Interleaver
-from .transform import Failed, Skipped
+from .stats import progress_bar
 
 if TYPE_CHECKING:
+    from ..plan.splits import PlanSpec, SplitPlan
+    from ..plan.table import TableRef
+    from ..read.transform import TransformPolicy
+    from ..stream.cursor import Cursor
     from .compat import ReferenceOptions
-    from .cursor import Cursor
-    from .plan import PlanSpec, SplitPlan
     from .stats import Gauge, Meter
-    from .table import TableRef
-    from .transform import TransformPolicy
 
-logger = logging.getLogger("lance_ray.dataset")
+logger = logging.getLogger("lance_ray.view.dataset")
 T = TypeVar("T")
 CONCURRENT = ("StreamingDataset does not support concurrent iteration: only one active "
               "iterator per dataset instance is allowed. Exhaust or close() the running "
@@ -60,7 +62,7 @@ def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
 
 
 class Reading:
-    """Reading and delivering, for :class:`~lance_ray.dataset.StreamingDataset`."""
+    """Reading and delivering, for :class:`~lance_ray.view.dataset.StreamingDataset`."""
 
     _options: ReferenceOptions
     _reader_kind: str

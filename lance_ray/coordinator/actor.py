@@ -20,22 +20,23 @@ from typing import Any
 
 import ray
 
-from . import ledger as lg
-from . import state as st
-from . import storage
-from .background import BackgroundPlans
-from .plan import PlanSpec, SplitPlan, check_plan_args, splits_per_rank
-from .plan_source import DEFAULT_NAMESPACE, next_epoch, plan_for
-from .remote import is_remote_table
-from .reporting import ReportPolicy
-from .table import (
+from .. import storage
+from ..plan.background import BackgroundPlans
+from ..plan.remote import is_remote_table
+from ..plan.resolve import resolve_plan
+from ..plan.sources import DEFAULT_NAMESPACE, find_coordinator, next_epoch, plan_for
+from ..plan.splits import PlanSpec, SplitPlan
+from ..plan.table import (
     StorageOptionsFactory,
     TableRef,
-    count_rows,
     release_lease,
-    resolve_table,
     take_lease,
 )
+from ..state import format as st
+from ..state import ledger as lg
+from ..state.reporting import ReportPolicy
+from ..topology import splits_per_rank
+from ..view.dataset import StreamingDataset
 from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
@@ -143,10 +144,10 @@ class CoordinatorActor:
 
     def plan_part(self, epoch: int, first: int, count: int) -> tuple[SplitPlan, st.PlanIdentity]:
         plan = self._plan(epoch)
-        return plan.splits(first, count), st.PlanIdentity.of(plan)
+        return plan.splits(first, count), plan.identity()
 
     def _state(self, sealed: lg.Sealed) -> dict[str, Any]:
-        return st.make_state(st.PlanIdentity.of(self._plan(sealed.epoch)), list(sealed.samples),
+        return st.make_state(self._plan(sealed.epoch).identity(), list(sealed.samples),
                              list(sealed.positions), world_size=sealed.world_size, rank=None,
                              global_step=sealed.step)
 
@@ -172,7 +173,7 @@ class CoordinatorActor:
             return self._state(self._ledger.start())
 
     def report_policy(self) -> dict[str, Any]:
-        """When views send their progress (see :mod:`lance_ray.reporting`)."""
+        """When views send their progress (see :mod:`lance_ray.state.reporting`)."""
         return asdict(self._report_policy)
 
     def report_batch(self, rank: int, world_size: int, epoch: int, steps: Sequence[int],
@@ -209,7 +210,7 @@ class CoordinatorActor:
         progress = st.parse_state(state)
         with self._lock:
             epoch = state["epoch"]
-            st.check_compatible(state, st.PlanIdentity.of(self._plan(epoch)))
+            st.check_compatible(state, self._plan(epoch).identity())
             if not progress.is_complete:
                 raise ValueError(
                     "the coordinator needs a merged state covering every split; merge the "
@@ -326,17 +327,15 @@ class Coordinator:
                 "an actor or train worker: it would die with that worker"
             )
         num_splits = world_size if num_splits is None else num_splits
-        shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
-                                       epoch=epoch, shuffle_clump_size=shuffle_clump_size,
-                                       filter=filter, plan=plan)
         splits_per_rank(num_splits, world_size)
-        ref = resolve_table(table, version=table_version, storage_options=storage_options)
         storage.resolve(storage_path, storage_options)  # an unknown scheme fails here
-        rows = count_rows(ref, filter, num_splits)
+        resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
+                                shuffle_seed=shuffle_seed, epoch=epoch,
+                                shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
+                                table_version=table_version, storage_options=storage_options)
+        ref, spec, rows = resolved.table, resolved.spec, resolved.rows
         if lease_version:
             take_lease(ref, name)
-        spec = PlanSpec(ref.version, num_splits, bool(shuffle), shuffle_seed, epoch,
-                        shuffle_clump_size, filter, plan)
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
         handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
@@ -348,19 +347,10 @@ class Coordinator:
     @classmethod
     def get(cls, name: str, namespace: str = DEFAULT_NAMESPACE) -> Coordinator:
         """Find the live coordinator ``name`` in ``namespace``."""
-        try:
-            handle = ray.get_actor(name, namespace=namespace)
-        except ValueError as e:
-            raise ValueError(
-                f"no coordinator named {name!r} in namespace {namespace!r}; create it with "
-                "Coordinator.create() in the job driver first"
-            ) from e
-        return cls(handle, name, namespace)
+        return cls(find_coordinator(name, namespace), name, namespace)
 
     def view(self, rank: int, world_size: int, **kwargs: Any) -> Any:
         """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator."""
-        from .dataset import StreamingDataset
-
         return StreamingDataset.from_coordinator(self.name, rank=rank, world_size=world_size,
                                                  namespace=self.namespace, **kwargs)
 

@@ -40,7 +40,7 @@ class ReferenceOptions:
     that DataLoader worker. The rest are validated and kept only to be reported back:
     ``transform_queue_depth`` (reads in flight, ``prefetch_batches``, already bound how many
     transformed rows wait for the consumer) and ``connection_factory`` (used only to reopen
-    a remote table in other processes, see :mod:`lance_ray.remote`; every reader reopens a
+    a remote table in other processes, see :mod:`lance_ray.plan.remote`; every reader reopens a
     local or object-store table from its URI at the pinned version, with credentials from
     the ``storage_options`` factory).
     """

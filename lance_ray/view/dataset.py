@@ -10,7 +10,17 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import state as st
+from ..checks import positive_int
+from ..plan.resolve import resolve_plan
+from ..plan.sources import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
+from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
+from ..plan.table import StorageOptionsFactory, TableRef, check_columns
+from ..read.transform import ErrorPolicy, Transform, TransformPolicy, make_policy
+from ..state import format as st
+from ..state.merge import merge_state_dicts
+from ..stream.cursor import Cursor
+from ..stream.order import RankStream
+from ..topology import rank_splits
 from .compat import (
     UNTRACKED,
     ReferenceOptions,
@@ -20,21 +30,8 @@ from .compat import (
     reference_options,
     worker_share,
 )
-from .cursor import Cursor
-from .order import RankStream
-from .plan import (
-    PlanSpec,
-    SplitPlan,
-    check_epoch_seed,
-    check_plan_args,
-    positive_int,
-    rank_splits,
-)
-from .plan_source import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
 from .reading import Reading, leased
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
-from .table import StorageOptionsFactory, TableRef, check_columns, count_rows, resolve_table
-from .transform import ErrorPolicy, Transform, TransformPolicy, make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +98,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             "Scale").
         io_queue_depth, transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
-            :mod:`lance_ray.compat` for what each means here.
+            :mod:`lance_ray.view.compat` for what each means here.
     """
 
     def __init__(
@@ -142,22 +139,18 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             connection_factory=connection_factory, worker_info_override=worker_info_override)
         positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
-        if not isinstance(shuffle, bool):
-            raise TypeError(f"shuffle must be True or False, got {shuffle!r}")
-        shuffle_seed = check_plan_args(num_splits=num_splits, shuffle_seed=shuffle_seed,
-                                       epoch=epoch, shuffle_clump_size=shuffle_clump_size,
-                                       filter=filter, plan=plan)
-        table_ref = resolve_table(table, version=table_version, storage_options=storage_options,
-                                  connection_factory=connection_factory)
+        resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
+                                shuffle_seed=shuffle_seed, epoch=epoch,
+                                shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
+                                table_version=table_version, storage_options=storage_options,
+                                connection_factory=connection_factory)
+        table_ref, spec = resolved.table, resolved.spec
         if reader == "ray":
             table_ref.check_shippable()  # now, not in the first read task
-        rows = count_rows(table_ref, filter, num_splits)
-        spec = PlanSpec(table_ref.version, num_splits, shuffle, shuffle_seed, epoch,
-                        shuffle_clump_size, filter, plan)
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
         # DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()
-        plans = (RayTaskPlans if remote else LocalPlans)(table_ref, rows)
+        plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
         self._init_view(table_ref, spec, plans, rank=rank,
                         world_size=world_size, columns=columns,
                         transform=make_policy(transform, on_transform_error, fill_value),
@@ -188,7 +181,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         resizes the run), and reports its committed progress, coalesced under the coordinator's
         ``report_policy`` and always before a ``state_dict()``.
         """
-        from .coordinator_plans import CoordinatorPlans
+        from ..plan.sources import CoordinatorPlans
 
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
@@ -359,7 +352,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
                          batches=progress.global_step or 0,
                          origin=progress.loadable_anywhere)
 
-    merge_state_dicts = staticmethod(st.merge_state_dicts)
+    merge_state_dicts = staticmethod(merge_state_dicts)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch``'s plan from its start (no-op if already on it)."""

@@ -1,0 +1,2 @@
+"""The coordinator actor: the split plan and the merged progress of every rank, in one
+place."""

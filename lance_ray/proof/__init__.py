@@ -1,0 +1,1 @@
+"""Exactly-once proof: sample audit logs and their coverage."""

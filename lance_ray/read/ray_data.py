@@ -1,0 +1,166 @@
+"""The Ray Data reader: planned reads as an order-preserving Ray Data pipeline.
+
+A custom ``Datasource`` turns each read request into one read task; the user's transform
+runs as a ``map_batches`` stage in Ray tasks; the streaming executor gives prefetch and
+backpressure, and read tasks can run on any node of the cluster. The output (an ordered
+stream of ``ChunkResult``) is the same as ``local.LocalReader``'s.
+
+Reads grow from ``FIRST_READ_ROWS`` to the view's read size, and for the tensor batch path
+each read is converted to ``convert.Columns`` once, off the consumer's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..plan.table import TableRef
+from .convert import to_columns
+from .local import ahead
+from .requests import ChunkRequest, ChunkResult, ReadCost, span_results
+from .take import take_in_order
+from .transform import TransformPolicy, portable_items
+
+logger = logging.getLogger(__name__)
+
+SEQ_COLUMN = "__lance_ray_seq"
+ITEM_COLUMN = "__lance_ray_item"
+# A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
+COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
+INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
+
+
+def _datasource_cls() -> type:
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class PlannedTakeDatasource(Datasource):
+        """One read task per planned chunk; each task returns its rows in plan order."""
+
+        def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest]):
+            self._table, self._columns, self._chunks = table, columns, chunks
+
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                           data_context: Any = None) -> list[ReadTask]:
+            # The plan, not Ray's parallelism hint, decides the tasks: one chunk each.
+            return [self._task(c) for c in self._chunks]
+
+        def _task(self, chunk: ChunkRequest) -> ReadTask:
+            table, columns = self._table, self._columns
+
+            def read() -> Iterator[pa.Table]:
+                started = time.perf_counter()
+                batch = take_in_order(table, chunk.row_ids, columns)
+                seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64)
+                                               for lo, hi in chunk.spans]))
+                out = pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
+                cost = (batch.nbytes, time.perf_counter() - started, 0.0)
+                for name, value in zip(COST_COLUMNS, cost):
+                    out = out.append_column(name, _first_row(value, batch.num_rows))
+                yield out
+
+            meta = BlockMetadata(num_rows=len(chunk.row_ids), size_bytes=None,
+                                 exec_stats=None, input_files=None)
+            return ReadTask(read, meta)
+
+    return PlannedTakeDatasource
+
+
+class _TransformStage:
+    """The ``map_batches`` function: user transform, items kept as an object column."""
+
+    def __init__(self, transform: TransformPolicy):
+        self.transform = transform
+
+    def __call__(self, table: pa.Table) -> dict[str, np.ndarray]:
+        data = table.drop_columns(list(INTERNAL_COLUMNS)).combine_chunks()
+        batch = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist(
+            [], schema=data.schema)
+        started = time.perf_counter()
+        items = np.empty(batch.num_rows, dtype=object)
+        # Failures travel as data (Ray would wrap a raised exception and lose its type).
+        items[:] = portable_items(self.transform(batch))
+        out = {ITEM_COLUMN: items, **{c: table.column(c).to_numpy() for c in INTERNAL_COLUMNS}}
+        out[COST_COLUMNS[2]] = out[COST_COLUMNS[2]] + _first_row(
+            time.perf_counter() - started, batch.num_rows).to_numpy()
+        return out
+
+
+class RayDataReader:
+    """Reads chunks through an order-preserving Ray Data streaming pipeline.
+
+    With ``as_tensors`` (and no transform) each arriving block is converted to ``Columns``
+    on a background thread, so the consumer only slices.
+    """
+
+    def __init__(self, table: TableRef, columns: list[str] | None,
+                 transform: TransformPolicy | None, *, as_tensors: bool = False,
+                 prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None,
+                 transform_tasks: int | None = None):
+        self.table, self.columns, self.transform = table, columns, transform
+        self.as_tensors = as_tensors
+        self.prefetch_batches = prefetch_batches
+        self.ray_remote_args = dict(ray_remote_args or {})
+        self.transform_tasks = transform_tasks
+
+    def dataset(self, requests: list[ChunkRequest]) -> Any:
+        """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
+        import ray.data
+
+        source = _datasource_cls()(self.table, self.columns, requests)
+        ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
+                                      **self.ray_remote_args)
+        if self.transform is not None:
+            from ray.data import TaskPoolStrategy
+
+            ds = ds.map_batches(_TransformStage(self.transform), batch_format="pyarrow",
+                                batch_size=None, zero_copy_batch=True,
+                                compute=TaskPoolStrategy(size=self.transform_tasks))
+        # Order is the product: never let Ray reorder blocks for throughput.
+        ds.context.execution_options.preserve_order = True
+        return ds
+
+    def _chunk(self, block: pa.Table) -> list[ChunkResult]:
+        seq = block.column(SEQ_COLUMN).to_numpy()
+        cuts = np.flatnonzero(np.diff(seq) != 1) + 1
+        spans = [(int(seq[a]), int(seq[b - 1]) + 1)
+                 for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(seq)])]
+        nbytes, fetch_s, transform_s = (block.column(c).to_numpy().sum() for c in COST_COLUMNS)
+        started = time.perf_counter()
+        payload: Any
+        if self.transform is not None:
+            payload = block.column(ITEM_COLUMN).to_pylist()
+        else:
+            data = block.drop_columns(list(INTERNAL_COLUMNS))
+            payload = to_columns(data) if self.as_tensors else data.combine_chunks(
+                ).to_batches()[0]
+        convert_s = time.perf_counter() - started if self.transform is None else 0.0
+        return span_results(spans, payload, ReadCost(int(nbytes), float(fetch_s),
+                                                     float(transform_s) + convert_s))
+
+    def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
+        reqs = list(requests)
+        if not reqs:
+            return
+        blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
+                                                 prefetch_batches=self.prefetch_batches)
+        for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
+                             self.prefetch_batches):
+            yield from results
+
+
+def _first_row(value: float, rows: int) -> pa.Array:
+    """``value`` on the first of ``rows`` rows, zeros after it."""
+    out = np.zeros(rows, dtype=np.float64)
+    if rows:
+        out[0] = value
+    return pa.array(out)
+

@@ -1,0 +1,27 @@
+"""Who owns which splits: the reference's contiguous assignment of splits to ranks, and the
+world sizes a plan can be read on."""
+
+from __future__ import annotations
+
+
+def splits_per_rank(num_splits: int, world_size: int) -> int:
+    """How many splits each rank owns; raises if ``world_size`` does not divide them."""
+    if world_size <= 0 or num_splits % world_size != 0:
+        raise ValueError(
+            f"num_splits ({num_splits}) must be divisible by world_size ({world_size}); "
+            f"valid world sizes for {num_splits} splits are {valid_world_sizes(num_splits)}"
+        )
+    return num_splits // world_size
+
+
+def rank_splits(rank: int, world_size: int, num_splits: int) -> list[int]:
+    """The contiguous block of splits rank ``rank`` owns (the reference's assignment)."""
+    per_rank = splits_per_rank(num_splits, world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank ({rank}) must be in [0, {world_size}) for world_size {world_size}")
+    return list(range(rank * per_rank, (rank + 1) * per_rank))
+
+
+def valid_world_sizes(num_splits: int) -> list[int]:
+    """Every world size a plan with ``num_splits`` splits can be read on."""
+    return [w for w in range(1, num_splits + 1) if num_splits % w == 0]

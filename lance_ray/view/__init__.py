@@ -1,0 +1,1 @@
+"""The torch-facing edge: StreamingDataset, StreamingDataLoader and their statistics."""

@@ -1,0 +1,92 @@
+"""The package layout is the data path: every import points down it, and nothing imports in a
+circle (not even inside a function)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import lance_ray
+
+PACKAGE = Path(lance_ray.__file__).parent
+# Lower layers never import higher ones; modules of one layer may import each other.
+LAYERS = [
+    {"storage", "topology", "checks"},
+    {"state"},
+    {"plan"},
+    {"stream"},
+    {"read"},
+    {"view"},
+    {"coordinator"},
+    {"train", "proof", "cli", "__main__", "__init__"},
+]
+MAX_LINES = 400
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every lance_ray module ``path`` imports, at any depth of the code."""
+    me = _module(path).split(".")
+    package = me if path.name == "__init__.py" else me[:-1]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+            elif node.module and node.module.split(".")[0] == "lance_ray":
+                target = node.module.split(".")[1:]
+            else:
+                continue
+            names = [a.name for a in node.names]
+            for name in names:
+                candidate = PACKAGE.joinpath(*target, name)
+                full = [*target, name] if (candidate.with_suffix(".py").exists()
+                                           or candidate.is_dir()) else target
+                if full:
+                    out.add(".".join(full))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("lance_ray."):
+                    out.add(alias.name.removeprefix("lance_ray."))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[0]
+    return next(i for i, layer in enumerate(LAYERS) if top in layer)
+
+
+def test_every_import_points_down_the_data_path() -> None:
+    upward = [(m, t) for m, targets in _graph().items() for t in targets
+              if _layer(t) > _layer(m)]
+    assert upward == []
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    graph = _graph()
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == path[0]:
+                cycles.append([*path, nxt])
+            elif nxt not in path and nxt > path[0]:  # each cycle once, from its least module
+                visit(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert cycles == []
+
+
+def test_no_module_is_over_the_size_that_asks_to_be_split() -> None:
+    sizes = {_module(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
