@@ -28,37 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from ..state.packed import PackConfig, SplitProgress
 
-@dataclass(frozen=True)
-class PackConfig:
-    """The packing arguments: block length, separator and padding ids, per-split budget."""
-
-    block_len: int
-    eos_id: int
-    pad_id: int
-    blocks_per_split: int
-
-
-@dataclass
-class SplitProgress:
-    """One split's packing state at a block boundary (the reference's state entries).
-
-    ``consumed``: documents consumed (the split's permutation position); ``emitted``: blocks
-    emitted; ``tokens``/``starts``: the partial buffer (``None`` when this split was never
-    packed, so the state has no ``pack_buffers`` entry for it).
-    """
-
-    consumed: int = 0
-    emitted: int = 0
-    tokens: np.ndarray | None = None
-    starts: np.ndarray | None = None
-
-    def buffer(self) -> dict[str, list[int]] | None:
-        """The ``pack_buffers`` entry, as plain lists."""
-        if self.tokens is None:
-            return None
-        starts = self.starts if self.starts is not None else np.empty(0, np.int64)
-        return {"tokens": self.tokens.tolist(), "starts": starts.tolist()}
+__all__ = ["PackConfig", "SplitProgress", "SplitPacker", "Cut", "documents", "token_count"]
 
 
 def documents(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:

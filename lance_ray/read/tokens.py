@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow.compute as pc
 
-from .plan import SplitPlan
-from .table import TableRef
+from ..plan.splits import SplitPlan
+from ..plan.table import TableRef
 
 logger = logging.getLogger(__name__)
 

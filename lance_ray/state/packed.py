@@ -14,15 +14,49 @@ from typing import Any
 
 import numpy as np
 
-from .plan import rank_splits
-from .state import EXTRA_KEY, PlanIdentity, Progress, make_state, parse_state
-from .stream.packing import PackConfig, SplitProgress
+from .format import EXTRA_KEY, PlanIdentity, Progress, make_state, parse_state
 
 logger = logging.getLogger(__name__)
 
 PACK_KEYS = ("pack_sequences", "eos_id", "pad_id", "blocks_per_epoch")
 PACKED_KEYS = ("samples_consumed_per_split", "blocks_emitted_per_split", "pack_buffers")
 CONFIG_KEYS = ("shuffle_seed", "num_splits", "epoch", *PACK_KEYS)
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """The packing arguments: block length, separator and padding ids, per-split budget."""
+
+    block_len: int
+    eos_id: int
+    pad_id: int
+    blocks_per_split: int
+
+
+@dataclass
+class SplitProgress:
+    """One split's packing state at a block boundary (the reference's state entries).
+
+    ``consumed``: documents consumed (the split's permutation position); ``emitted``: blocks
+    emitted; ``tokens``/``starts``: the partial buffer (``None`` when this split was never
+    packed, so the state has no ``pack_buffers`` entry for it).
+    """
+
+    consumed: int = 0
+    emitted: int = 0
+    tokens: np.ndarray | None = None
+    starts: np.ndarray | None = None
+
+    def key(self) -> tuple[int, int, Any]:
+        """Everything a state records for this split, comparable."""
+        return self.consumed, self.emitted, self.buffer()
+
+    def buffer(self) -> dict[str, list[int]] | None:
+        """The ``pack_buffers`` entry, as plain lists."""
+        if self.tokens is None:
+            return None
+        starts = self.starts if self.starts is not None else np.empty(0, np.int64)
+        return {"tokens": self.tokens.tolist(), "starts": starts.tolist()}
 
 
 @dataclass(frozen=True)
@@ -132,70 +166,3 @@ def check_packing_matches(state: dict, config: PackConfig, blocks_per_epoch: int
             raise ValueError(f"{key} mismatch: checkpoint has {state.get(key)!r}, dataset has "
                              f"{value!r}; construct the dataset with {key}={state.get(key)!r}"
                              f"{hint}")
-
-
-def merge_packed_states(states: list[dict]) -> dict[str, Any]:
-    """Merge every rank's packed state, taken at one global step, into one state.
-
-    lance_ray states: each split from the rank that owns it (refusing different steps or
-    missing ranks). Reference-format states: the reference's rule (per split, the state with
-    the most ``(blocks, documents)``), with a warning. Either way every split must end at the
-    same block count, or the states were not taken at one step.
-    """
-    if not all(is_packed(s) for s in states):
-        raise ValueError("cannot merge packed and unpacked state dicts")
-    parsed = [parse_packed_state(s) for s in states]
-    first = states[0]
-    for s in states[1:]:
-        for key in CONFIG_KEYS:
-            if s[key] != first[key]:
-                raise ValueError(f"{key} mismatch across state dicts: {s[key]!r} != "
-                                 f"{first[key]!r}; merge only states of one run at one step")
-    extras = [s.get(EXTRA_KEY) for s in states]
-    if any(extras) and not all(extras):
-        raise ValueError("cannot merge lance_ray states with reference-format states; merge "
-                         "states saved by one library")
-    num_splits = first["num_splits"]
-    if all(extras):
-        chosen = _owners(states, parsed, num_splits)
-    else:
-        logger.warning("merging reference-format packed states by the most progress per "
-                       "split: their owners and steps are unknown")
-        chosen = [max((p.splits[k] for p in parsed), key=lambda s: (s.emitted, s.consumed))
-                  for k in range(num_splits)]
-    if len({s.emitted for s in chosen}) > 1:
-        raise ValueError("packed state dicts were not captured at the same global step or do "
-                         "not cover every rank (merged blocks_emitted_per_split differ)")
-    merged = {**first, "samples_consumed_per_split": [s.consumed for s in chosen],
-              "blocks_emitted_per_split": [s.emitted for s in chosen],
-              "pack_buffers": {k: b for k, s in enumerate(chosen)
-                               if (b := s.buffer()) is not None}}
-    if all(extras):
-        extra = {**first[EXTRA_KEY], "rank": None, "owned_splits": None}
-        extra.pop("lockstep", None)
-        merged[EXTRA_KEY] = extra
-    return merged
-
-
-def _owners(states: list[dict], parsed: list[PackedProgress], num_splits: int
-            ) -> list[SplitProgress]:
-    from .state import check_same_run
-
-    check_same_run(states, [p.owner for p in parsed])
-    chosen: list[SplitProgress | None] = [None] * num_splits
-    for p in parsed:
-        o = p.owner
-        owned = range(num_splits) if o.rank is None else rank_splits(
-            o.rank, o.world_size or 1, num_splits)
-        for k in owned:
-            prev, mine = chosen[k], p.splits[k]
-            if prev is not None and (prev.consumed, prev.emitted, prev.buffer()) != (
-                    mine.consumed, mine.emitted, mine.buffer()):
-                raise ValueError(f"two states claim split {k} with different progress; they "
-                                 "were not taken at the same step")
-            chosen[k] = mine
-    uncovered = [k for k, s in enumerate(chosen) if s is None]
-    if uncovered:
-        raise ValueError(f"the states do not cover splits {uncovered}: their owning ranks' "
-                         "states are missing; pass the state of every rank of the run")
-    return [s for s in chosen if s is not None]
