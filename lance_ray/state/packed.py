@@ -128,7 +128,7 @@ def parse_packed_state(state: object, split_len: int | None = None) -> PackedPro
     if missing:
         raise ValueError(f"packed checkpoint is missing field(s) {missing}; pass the dict "
                          "returned by state_dict() (or merge_state_dicts()) unchanged")
-    owner = parse_state(state, split_len)  # the shared fields, counts and lance_ray block
+    owner = parse_state(state, split_len, packed=True)  # shared fields, counts, lance_ray block
     num_splits = state["num_splits"]
     per_split = _budget(state) // num_splits
     emitted = _int_list(state["blocks_emitted_per_split"], "'blocks_emitted_per_split'")
@@ -166,3 +166,11 @@ def check_packing_matches(state: dict, config: PackConfig, blocks_per_epoch: int
             raise ValueError(f"{key} mismatch: checkpoint has {state.get(key)!r}, dataset has "
                              f"{value!r}; construct the dataset with {key}={state.get(key)!r}"
                              f"{hint}")
+
+
+def check_state(state: object) -> None:
+    """Validate a state of either mode (what ``save_state``/``load_state`` accept)."""
+    if is_packed(state):
+        parse_packed_state(state)
+    else:
+        parse_state(state)
