@@ -148,13 +148,19 @@ def _counts(state: dict, key: str, num_splits: int, split_len: int | None) -> tu
     return tuple(raw)
 
 
-def parse_state(state: object, split_len: int | None = None) -> Progress:
+def parse_state(state: object, split_len: int | None = None, *, packed: bool = False
+                ) -> Progress:
     """Validate the structure of ``state`` and return its progress.
 
     ``split_len`` bounds the counts when the plan is known (always, when loading).
+    ``packed``: the caller validates a packed state's own fields (``state.packed``).
     """
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    if "pack_buffers" in state and not packed:
+        raise ValueError("this is a packed state (pack_sequences="
+                         f"{state.get('pack_sequences')!r}): load it into a dataset constructed "
+                         "with the same pack_sequences, eos_id, pad_id and blocks_per_epoch")
     missing = [k for k in REFERENCE_KEYS if k not in state]
     if missing:
         raise ValueError(

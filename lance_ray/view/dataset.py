@@ -30,6 +30,8 @@ from .compat import (
     reference_options,
     worker_share,
 )
+from .packed import PackedView, pack_options
+from .properties import ViewProperties
 from .reading import Reading, leased
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
@@ -42,7 +44,8 @@ DEFAULT_READ_BATCH_SIZE = 65536
 READERS = ("ray", "local")
 
 
-class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
+class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
+                       IterableDataset):
     """An elastic, exactly-resumable torch ``IterableDataset`` over a Lance / LanceDB table.
 
     Speaks the language of ``lancedb.streaming.StreamingDataset``: the table (at a pinned
@@ -99,6 +102,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         io_queue_depth, transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.view.compat` for what each means here.
+        pack_sequences, eos_id, pad_id, blocks_per_epoch, pack_position_ids, pack_cu_seqlens:
+            sequence packing, as in the reference (README "Sequence packing"): items and
+            batches are ``{"input_ids", "doc_ids"}`` LongTensors of ``pack_sequences`` tokens.
     """
 
     def __init__(
@@ -130,6 +136,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         transform_queue_depth: int | None = None,
         connection_factory: Callable[[str], Any] | None = None,
         worker_info_override: WorkerInfo | None = None,
+        pack_sequences: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
+        blocks_per_epoch: int | str | None = None, pack_position_ids: bool = False,
+        pack_cu_seqlens: bool = False,
     ) -> None:
         super().__init__()
         prefetch_batches = prefetch_depth(prefetch_batches, io_queue_depth)
@@ -151,6 +160,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         # DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
+        self._packing = pack_options(table_ref, columns, transform, num_splits, pack_sequences,
+                                     eos_id, pad_id, blocks_per_epoch, pack_position_ids,
+                                     pack_cu_seqlens)
         self._init_view(table_ref, spec, plans, rank=rank,
                         world_size=world_size, columns=columns,
                         transform=make_policy(transform, on_transform_error, fill_value),
@@ -240,6 +252,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._spec = spec
         zeros = [0] * spec.num_splits
         self._new_cursor(zeros, zeros, batches=0, origin=True)
+        self._reset_packing()
 
     def _new_cursor(self, samples: list[int], positions: list[int], *, batches: int,
                     origin: bool) -> None:
@@ -254,45 +267,10 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._lease = None
         self._untracked[0] = 0
 
-    # ----------------------------------------------------------------------- properties
-    @property
-    def epoch(self) -> int:
-        """The epoch whose plan this view reads."""
-        return self._spec.epoch
-
-    @property
-    def num_splits(self) -> int:
-        return self._spec.num_splits
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def global_step(self) -> int:
-        """Batches delivered in this epoch (resumed states continue their count)."""
-        return self._cursor.batches
-
-    @property
-    def table_version(self) -> int:
-        """The pinned table version every read goes to."""
-        return self._table.version
-
-    @property
-    def plan(self) -> SplitPlan:
-        """This rank's part of the current epoch's plan."""
-        return self._plan
-
-    @property
-    def identity(self) -> st.PlanIdentity:
-        return self._identity
-
     def __len__(self) -> int:
-        """Samples this rank yields in a whole epoch."""
+        """Samples (packed: blocks) this rank yields in a whole epoch."""
+        if self._packing:
+            return self._packed_len()
         return len(self._owned) * self._plan.split_len
 
     # ----------------------------------------------------------------------- progress
@@ -309,7 +287,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
 
     @property
     def samples_remaining(self) -> int:
-        """Samples this rank still has to yield in the current epoch."""
+        """Samples (packed: blocks) this rank still has to yield in the current epoch."""
+        if self._packing:
+            return self._packed_remaining()
         return len(self._stream()) - self._cursor.consumed
 
     def state_dict(self) -> dict[str, Any]:
@@ -325,6 +305,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._plans.flush()  # a checkpoint's step reaches the coordinator before it is used
         if self._untracked[0] and get_worker_info() is None:
             raise RuntimeError(UNTRACKED)
+        if self._packing:
+            return self._packed_state_dict()
         c, ws = self._cursor, self._world_size
         if ws == 1 and len(c.splits) == self.num_splits:
             return st.make_state(self._identity, *c.progress(), world_size=1, rank=None,
@@ -345,6 +327,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
+        if self._packing:
+            return self._packed_load_state_dict(state)
         progress = st.parse_state(state, self._plan.split_len)
         st.check_compatible(state, self._identity)
         st.check_loadable_on(progress, self._rank, self._world_size)
@@ -371,7 +355,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
     # ----------------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
-        return leased(self._samples)
+        return leased(self._packed_items if self._packing else self._samples)
 
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
                      ) -> Iterator[Any]:
@@ -386,6 +370,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         batches; under ``"skip"`` every batch but the last is full.
         """
         positive_int("batch_size", batch_size)
-        return leased(lambda lease: self._batches(lease, batch_size, collate_fn))
+        run = self._packed_batches if self._packing else self._batches
+        return leased(lambda lease: run(lease, batch_size, collate_fn))
 
 

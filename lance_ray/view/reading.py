@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..plan.table import TableRef
     from ..read.transform import TransformPolicy
     from ..stream.cursor import Cursor
-    from .compat import ReferenceOptions
+    from .compat import ReferenceOptions, WorkerInfo
     from .stats import Gauge, Meter
 
 logger = logging.getLogger("lance_ray.view.dataset")
@@ -237,10 +237,7 @@ class Reading:
         Only the view's own reading moves it on: a state just loaded in which this rank's
         splits are complete (other ranks may still be reading the epoch) yields nothing.
         """
-        active = self._lease() if self._lease is not None else None
-        if active is not None and getattr(active, "gi_frame", None) is not None and (
-                lease is None or active is not lease()):
-            raise RuntimeError(CONCURRENT)
+        self._refuse_concurrent(lease)
         c = self._cursor
         if c.ended or (self.samples_remaining == 0 and c.consumed > 0):
             logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
@@ -250,14 +247,25 @@ class Reading:
             logger.info("rank %d has no samples left in epoch %d; call set_epoch(%d) to "
                         "start the next one", self._rank, self._spec.epoch,
                         self._spec.epoch + 1)
+        stream = self._cursor.rebase(worker_share(self._owned, self._claim(lease)))
+        self._gauge.start(len(every_row(stream) if self._drops else stream))
+        return stream, self._cursor.generation
+
+    def _refuse_concurrent(self, lease: weakref.ref[Iterator[Any]] | None) -> None:
+        active = self._lease() if self._lease is not None else None
+        if active is not None and getattr(active, "gi_frame", None) is not None and (
+                lease is None or active is not lease()):
+            raise RuntimeError(CONCURRENT)
+
+    def _claim(self, lease: weakref.ref[Iterator[Any]] | None) -> WorkerInfo | None:
+        """Make ``lease`` the view's iterator, of a fresh generation; the DataLoader worker
+        this process is (None outside one)."""
         worker, real = current_worker(self._options.worker_info_override)
         if real and lease is not None:  # a plain DataLoader worker: the trainer cannot know
             self._untracked[0] = 1
-        stream = self._cursor.rebase(worker_share(self._owned, worker))
         self._cursor.generation += 1
         self._lease = lease
-        self._gauge.start(len(every_row(stream) if self._drops else stream))
-        return stream, self._cursor.generation
+        return worker
 
     def _end(self, generation: int) -> None:
         """An iterator of ``generation`` stopped (ended: read its stream to the end)."""
