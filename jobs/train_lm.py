@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,12 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
 
     for stale in (args.db, args.storage_path):
         shutil.rmtree(stale, ignore_errors=True)
+    # Ray first: its processes start with fork+exec, unsafe once Lance runs threads here.
+    # Its own temp dir: other local Ray sessions on this machine keep theirs.
+    if not (args.address or os.environ.get("RAY_ADDRESS")):
+        ray.init(address="local", num_cpus=2, resources={"slot": 8}, include_dashboard=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="lm-demo-ray-"))
+    train_job.connect(args.address)
     table = make_table.create_table(args.db, args.table, rows=args.docs, tokens=True,
                                        mean_len=args.mean_len, vocab=args.vocab, fragments=2)
     print(f"token table {args.table!r}: {table.count_rows()} documents")
