@@ -68,7 +68,6 @@ def train_loop(config: dict[str, Any]) -> None:
     attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time(),
                       view_s=round(view_s, 6))
     log = SampleLog(config["log_dir"], attempt, rank)
-    crash_marker = storage.join(config["log_dir"], "crash-injected")  # I/O: path or URI
     stop_at, every = config["stop_at_step"], config["checkpoint_every"]
     logger.info("rank %d/%d starts at global step %d", rank, world_size, ds.global_step)
     started, rows = time.monotonic(), 0
@@ -83,11 +82,7 @@ def train_loop(config: dict[str, Any]) -> None:
             time.sleep(config["step_delay_s"])  # stands in for a real model's compute
         log.write(step, batch["id"].tolist(), wait_s=ds.stats.last_wait_s)
         rows += len(batch["id"])
-        if (step == config["crash_at_step"] and rank == world_size - 1
-                and not storage.exists(crash_marker)):
-            storage.write_bytes_atomic(crash_marker, b"")
-            logger.warning("rank %d: injected crash at global step %d", rank, step)
-            os._exit(1)
+        crash_once(config, step, rank, world_size)
         if step % every == 0 or step == stop_at:
             lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
             if rank == 0:
@@ -105,6 +100,44 @@ def train_loop(config: dict[str, Any]) -> None:
             if rank == 0:
                 log.checkpoint(ds.global_step)
     log.close()
+
+
+def crash_once(config: dict[str, Any], step: int, rank: int, world_size: int) -> None:
+    """Kill this worker at ``config["crash_at_step"]`` if it is the last rank, once per run
+    (a marker under the log dir, a path or URI, tells the restarted group it happened)."""
+    if step != config["crash_at_step"] or rank != world_size - 1:
+        return
+    marker = storage.join(config["log_dir"], "crash-injected")
+    if storage.exists(marker):
+        return
+    storage.write_bytes_atomic(marker, b"")
+    logger.warning("rank %d: injected crash at global step %d", rank, step)
+    os._exit(1)
+
+
+def add_run_arguments(p: argparse.ArgumentParser, *, checkpoint_every: int) -> None:
+    """The options every training job here shares: checkpoints, stop, crash, retries."""
+    p.add_argument("--checkpoint-every", type=int, default=checkpoint_every)
+    p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step (0: epoch)")
+    p.add_argument("--crash-at-step", type=int, default=-1, help="kill a worker once here")
+    p.add_argument("--max-failures", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--address", default=None)
+
+
+def run_config(name: str, storage_uri: str, max_failures: int) -> ray.train.RunConfig:
+    """The run's Ray Train storage (a path or URI), retries and kept checkpoints."""
+    return ray.train.RunConfig(
+        name=name, **lt.run_storage(storage_uri),
+        failure_config=ray.train.FailureConfig(max_failures=max_failures),
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3))
+
+
+def worker_resources(workers: int) -> dict[str, float]:
+    """Slots when the cluster has enough for ``workers`` (an elastic run grows as slots
+    join); CPUs otherwise, which a plain `ray.init` cluster has."""
+    slots = ray.cluster_resources().get("slot", 0)
+    return {"slot": 1} if slots >= workers else {"CPU": 0.5}
 
 
 def announce_worker(log_dir: str, rank: int, world_size: int) -> None:
@@ -144,12 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="seconds each step sleeps, standing in for model compute")
     p.add_argument("--num-splits", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=64)
-    p.add_argument("--checkpoint-every", type=int, default=20)
-    p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step (0: epoch)")
-    p.add_argument("--crash-at-step", type=int, default=-1, help="kill a worker once here")
-    p.add_argument("--max-failures", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--address", default=None)
+    add_run_arguments(p, checkpoint_every=20)
     p.add_argument("--local-mode", action="store_true",
                    help="run the loop in this process (ScalingConfig(num_workers=0))")
     args = p.parse_args(argv)
@@ -186,10 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     coordinator = Coordinator.create(table, args.name, storage_path=ledger_dir,
                        world_size=args.workers, num_splits=args.num_splits,
                        shuffle_seed=args.seed, table_version=run["table_version"])
-    # Slots when the cluster has enough for the smallest group (an elastic run grows as
-    # slots join); CPUs otherwise, which a plain `ray.init` cluster has.
-    slots = ray.cluster_resources().get("slot", 0)
-    resources = {"slot": 1} if slots >= (args.min_workers or args.workers) else {"CPU": 0.5}
+    resources = worker_resources(args.min_workers or args.workers)
     scaling = ray.train.ScalingConfig(num_workers=0 if args.local_mode else num_workers,
                                       resources_per_worker=resources,
                                       elastic_resize_monitor_interval_s=args.resize_interval)
@@ -201,10 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "step_delay_s": args.step_delay,
                            "log_dir": storage.join(run_dir, "samples")},
         scaling_config=scaling,
-        run_config=ray.train.RunConfig(
-            name=args.name, **lt.run_storage(storage_uri),
-            failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3)),
+        run_config=run_config(args.name, storage_uri, args.max_failures),
     )
     result = trainer.fit()
     status = coordinator.status()

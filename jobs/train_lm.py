@@ -85,7 +85,6 @@ def train_loop(config: dict[str, Any]) -> None:
     attempt = Attempt(train_job.shared_attempt_id(rank), view.global_step, world_size,
                       time.time(), view_s=round(view_s, 6))
     log = SampleLog(config["log_dir"], attempt, rank)
-    crash_marker = storage.join(config["log_dir"], "crash-injected")
     stop_at, every = config["stop_at_step"], config["checkpoint_every"]
     logger.info("rank %d/%d starts at global step %d", rank, world_size, view.global_step)
 
@@ -105,11 +104,7 @@ def train_loop(config: dict[str, Any]) -> None:
         loss.backward()
         opt.step()
         log.write(step, block_ids(batch))
-        if (step == config["crash_at_step"] and rank == world_size - 1
-                and not storage.exists(crash_marker)):
-            storage.write_bytes_atomic(crash_marker, b"")
-            logger.warning("rank %d: injected crash at global step %d", rank, step)
-            os._exit(1)
+        train_job.crash_once(config, step, rank, world_size)
         if step % every == 0 or step == stop_at:
             checkpoint(loss.item())
         if stop_at and step >= stop_at:
@@ -163,12 +158,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=8,
                    help="blocks per global step, a multiple of --num-splits")
     p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--checkpoint-every", type=int, default=4)
-    p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step (0: epoch)")
-    p.add_argument("--crash-at-step", type=int, default=-1, help="kill a worker once here")
-    p.add_argument("--max-failures", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--address", default=None)
+    train_job.add_run_arguments(p, checkpoint_every=4)
     p.add_argument("--demo", action="store_true",
                    help="make a table, train with a crash, resume on 4 workers, verify")
     p.add_argument("--docs", type=int, default=400, help="--demo: documents in the table")
@@ -192,8 +182,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if module.__name__ != "__main__":
             ray.cloudpickle.register_pickle_by_value(module)
     run = run_spec(args, db_uri, run_dir)
-    slots = ray.cluster_resources().get("slot", 0)
-    resources = {"slot": 1} if slots >= args.workers else {"CPU": 0.5}
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"pack": run["pack"], "reader": run["reader"], "vocab": run["vocab"],
@@ -202,11 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                            "crash_at_step": args.crash_at_step,
                            "log_dir": storage.join(run_dir, "samples")},
         scaling_config=ray.train.ScalingConfig(num_workers=args.workers,
-                                               resources_per_worker=resources),
-        run_config=ray.train.RunConfig(
-            name=args.name, **lt.run_storage(storage_uri),
-            failure_config=ray.train.FailureConfig(max_failures=args.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=3)),
+            resources_per_worker=train_job.worker_resources(args.workers)),
+        run_config=train_job.run_config(args.name, storage_uri, args.max_failures),
     )
     metrics = dict(trainer.fit().metrics or {})
     print(f"run {args.name!r} ({run['reader']}) on {args.workers} workers finished at global "

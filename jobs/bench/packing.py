@@ -24,7 +24,6 @@ PACK_MEAN_LEN = 500.0
 PACK_VOCAB = 32_000
 PACK_LEN = 2048
 PACK_BATCH = 8  # blocks per batch (lance_ray iter_batches, the reference's DataLoader)
-WARM_DOCS = "id < 64"  # the Ray path's warm-up: 64 documents, about 16 blocks
 GROUP = "packing"  # --only packing runs every configuration below
 
 
@@ -81,17 +80,15 @@ def packing_runner(spec: dict[str, Any], cfg: Config) -> Runner:
         raise NotImplementedError("this lance_ray has no pack_sequences (the packing "
                                   "branch is not merged)")
 
-    def make_lr(state: dict | None, filter: str | None = None,
-                budget: int = blocks) -> tuple[Any, Iterator[Any]]:
-        ds = lance_ray.StreamingDataset(table, reader=cfg.reader, filter=filter,
-                                        **{**kwargs, "blocks_per_epoch": budget})
+    def make_lr(state: dict | None) -> tuple[Any, Iterator[Any]]:
+        ds = lance_ray.StreamingDataset(table, reader=cfg.reader, **kwargs)
         return ds, ds.iter_batches(PACK_BATCH)
 
-    # The Ray path warms up on a few documents read to their end (stopping a Ray Data
-    # pipeline early kills the workers running its tasks): about 2 blocks per split.
-    return Runner(make_lr, count, epoch_tokens,
-                  warm=(lambda state: make_lr(state, WARM_DOCS, 2 * SPLITS))
-                  if cfg.needs_ray else None)
+    # The Ray path warms up on one whole epoch read to its end (stopping a Ray Data
+    # pipeline early kills the workers running its tasks). A few documents were not
+    # enough: measured here, the next two epochs still waited 13-17 s for their first
+    # block (Ray starting more read workers) against 2 s once warm.
+    return Runner(make_lr, count, epoch_tokens, warm=make_lr if cfg.needs_ray else None)
 
 
 def scan_runner(uri: str, epoch_tokens: int) -> Runner:
