@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import torch
 
 from lance_ray import Coordinator, StreamingDataLoader, StreamingDataset
 
@@ -96,3 +97,37 @@ def test_coordinator_views_resume_exactly_from_every_boundary(table_1k, ray_sess
                               path)
     finally:
         coord.kill()
+
+
+def _block_ids(batch: Any) -> list[tuple[int, ...]]:
+    return [tuple(ids) for ids in batch["input_ids"].tolist()]
+
+
+def _cycles(view: StreamingDataset) -> Iterator[dict[str, Any]]:
+    """``__iter__``'s blocks a cycle at a time: a packed state exists only between cycles."""
+    k = len(view._owned)
+    for cycle in zip(*[iter(view)] * k):
+        yield {"input_ids": torch.stack([b["input_ids"] for b in cycle])}
+
+
+PACKED_PATHS = [
+    Path("packed __iter__", _cycles, _block_ids),
+    Path("packed iter_batches", lambda v: v.iter_batches(4), _block_ids),
+    Path("packed loader, 0 workers", lambda v: iter(StreamingDataLoader(v, 4)), _block_ids),
+    Path("packed iter_batches, Ray reader", lambda v: v.iter_batches(4), _block_ids,
+         reader="ray", boundaries=3),
+]
+
+
+@pytest.mark.parametrize("path", PACKED_PATHS, ids=[p.name for p in PACKED_PATHS])
+def test_every_packed_path_resumes_exactly_from_every_boundary(path, token_table, request):
+    if path.reader == "ray":
+        request.getfixturevalue("ray_session")
+
+    def make_view() -> StreamingDataset:
+        return StreamingDataset(token_table[0], num_splits=SPLITS, rank=RANK, world_size=WORLD,
+                                shuffle=True, shuffle_seed=3, reader=path.reader,
+                                columns=["tokens"], pack_sequences=8, eos_id=1, pad_id=0,
+                                blocks_per_epoch=40, read_batch_size=8)
+
+    check_resumes_exactly(make_view, path)

@@ -8,10 +8,9 @@ import itertools
 import json
 from collections import Counter
 
-import lancedb
 import numpy as np
-import pyarrow as pa
 import pytest
+from conftest import write_token_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 from lancedb.streaming import StreamingDataset as Reference
@@ -24,26 +23,10 @@ EOS, PAD = 1, 0
 CORPORA = [(24, 12, 2), (60, 30, 3), (36, 3, 1)]  # documents, longest document, fragments
 
 
-def token_table(path: str, n: int, longest: int, fragments: int, seed: int = 0):
-    """A LanceDB table of ``n`` token documents (some empty), written in ``fragments``."""
-    rng = np.random.default_rng(seed)
-    docs = [rng.integers(2, 99, rng.integers(0, longest + 1)).tolist() for _ in range(n)]
-    db = lancedb.connect(path)
-    bounds = np.linspace(0, n, fragments + 1).astype(int)
-    table = None
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        data = pa.table({"id": np.arange(lo, hi, dtype=np.int64),
-                         "tokens": pa.array(docs[lo:hi], pa.list_(pa.int32()))})
-        table = db.create_table("docs", data) if table is None else table
-        if table.count_rows() != hi:
-            table.add(data)
-    return table, docs
-
-
 @pytest.fixture(scope="module")
-def corpora(tmp_path_factory):
-    return [token_table(str(tmp_path_factory.mktemp(f"tokens{i}")), *shape)
-            for i, shape in enumerate(CORPORA)]
+def corpora(tmp_path_factory, token_table):
+    return [write_token_table(str(tmp_path_factory.mktemp(f"tokens{i}")), *shape)
+            if shape != (60, 30, 3) else token_table for i, shape in enumerate(CORPORA)]
 
 
 def packed(**kw):

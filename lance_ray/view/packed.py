@@ -186,7 +186,7 @@ class PackedView:
         self._pack_totals: np.ndarray | None = None  # exact tokens of the owned splits
         budget = o.blocks_per_epoch
         if budget == "auto":
-            plan = self._plans.part(self._spec, range(s))[0]
+            plan = self._plans.part(self._spec, range(s))
             totals = split_token_totals(self._table, plan, range(s), o.column,
                                         self._spec.filter, remote=self._remote_counts())
             budget = auto_budget(int(totals.sum()), o.block_len, s)
