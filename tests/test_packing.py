@@ -276,3 +276,20 @@ def test_the_ray_reader_packs_the_same_blocks(corpora, ray_session):
     ours = StreamingDataset(table, reader="ray", read_batch_size=24, **kw)
     budget = ours.state_dict()["blocks_per_epoch"]
     assert blocks_of(ours) == blocks_of(Reference(table, **{**kw, "blocks_per_epoch": budget}))
+
+
+def test_a_dataloader_workers_share_packs_the_references_blocks_for_that_worker(corpora):
+    from dataclasses import dataclass
+
+    @dataclass
+    class Worker:
+        id: int
+        num_workers: int
+
+    table, _ = corpora[1]
+    kw = packed(L=8, num_splits=4, blocks_per_epoch=24)
+    for worker in (Worker(0, 2), Worker(1, 2)):
+        ours = StreamingDataset(table, reader="local", worker_info_override=worker, **kw)
+        assert blocks_of(ours) == blocks_of(Reference(table, worker_info_override=worker, **kw))
+        with pytest.raises(RuntimeError, match="one DataLoader worker's share"):
+            ours.state_dict()

@@ -232,6 +232,9 @@ class PackedView:
         return self._packed_len() - sum(emitted[s] for s in self._owned)
 
     def _packed_state_dict(self) -> dict[str, Any]:
+        if self._pack_live is not None and len(self._pack_live[0]) != len(self._owned):
+            raise RuntimeError("this view packs one DataLoader worker's share of its rank's "
+                               "splits; its progress does not determine the other workers'")
         emitted = {self._pack_emitted()[s] for s in self._owned}
         if len(emitted) > 1:
             raise RuntimeError(
@@ -239,9 +242,6 @@ class PackedView:
                 "step boundary, when every split assigned to this rank has emitted the same "
                 f"block count. Consume more batches before calling state_dict() (use a batch "
                 f"size that is a multiple of this rank's {len(self._owned)} splits)")
-        if self._pack_live is not None and len(self._pack_live[0]) != len(self._owned):
-            raise RuntimeError("this view packs one DataLoader worker's share of its rank's "
-                               "splits; its progress does not determine the other workers'")
         ws = self._world_size
         return make_packed_state(self._identity, self._pack_config, self._pack_budget,
                                  self._pack_progress(), world_size=ws,
