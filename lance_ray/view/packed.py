@@ -235,8 +235,8 @@ class PackedView:
         if self._pack_live is not None and len(self._pack_live[0]) != len(self._owned):
             raise RuntimeError("this view packs one DataLoader worker's share of its rank's "
                                "splits; its progress does not determine the other workers'")
-        emitted = {self._pack_emitted()[s] for s in self._owned}
-        if len(emitted) > 1:
+        emitted = self._pack_emitted()
+        if len({emitted[s] for s in self._owned}) > 1:
             raise RuntimeError(
                 "Packed StreamingDataset checkpointing is only safe at a complete logical "
                 "step boundary, when every split assigned to this rank has emitted the same "
@@ -320,10 +320,10 @@ class PackedView:
             blocks = packer.take(size)
             return blocks, list(packer.last), cost
 
-        takes = -(-len(packer) // count)
+        takes = ahead(step, itertools.repeat(count, -(-len(packer) // count)),
+                      self._prefetch_batches)
         try:
-            for (blocks, snapshot, cost), wait_s in self._timed(
-                    ahead(step, itertools.repeat(count, takes), self._prefetch_batches)):
+            for (blocks, snapshot, cost), wait_s in self._timed(takes):
                 self._check_generation(generation)
                 self._pack_live = (splits, snapshot)
                 self._cursor.commit(0, batches)
@@ -336,6 +336,12 @@ class PackedView:
                 self._pack_ended = True
                 self._report_left_out(packer)
         finally:
+            # Stop the takes (waiting for one in progress: then no thread reads ``chunks``),
+            # then the reads (a Ray Data pipeline) the budget no longer needs.
+            for it in (takes, chunks):
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
             self._end(generation)
 
     def _report_left_out(self, packer: RankPacker) -> None:
