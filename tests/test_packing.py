@@ -172,6 +172,10 @@ def test_one_ranks_packed_state_is_refused_on_another_topology_until_merged(corp
     other = StreamingDataset(table, reader="local", rank=1, world_size=2, **kw)
     with pytest.raises(ValueError, match="merge_state_dicts"):
         other.load_state_dict(rank0.state_dict())
+    mid_cycle = {**rank0.state_dict(), "blocks_emitted_per_split": [1, 0, 0, 0]}
+    with pytest.raises(ValueError, match="not aligned"):
+        StreamingDataset(table, reader="local", rank=0, world_size=2, **kw).load_state_dict(
+            mid_cycle)
     with pytest.raises(ValueError, match=r"do not cover splits \[2, 3\]"):
         lance_ray.merge_state_dicts([rank0.state_dict()])
     rank1 = StreamingDataset(table, reader="local", rank=1, world_size=2, **kw)

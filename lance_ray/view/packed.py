@@ -34,7 +34,7 @@ from ..state.packed import (
     parse_packed_state,
 )
 from ..stream.order import RankStream
-from ..stream.packed_order import Blocks, RankPacker
+from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
 from ..stream.packing import Cut, cu_seqlens_of, documents, position_ids_of
 from .compat import worker_share
 
@@ -257,6 +257,8 @@ class PackedView:
         st.check_compatible(state, self._identity)
         check_packing_matches(state, self._pack_config, self._pack_budget)
         st.check_loadable_on(parsed.owner, self._rank, self._world_size)
+        if len({parsed.splits[k].emitted for k in self._owned}) > 1:
+            raise ValueError(NOT_ALIGNED)
         zeros = [0] * self._spec.num_splits
         self._new_cursor(zeros, zeros, batches=parsed.owner.global_step or 0, origin=True)
         self._pack_base = list(parsed.splits)
