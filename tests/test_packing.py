@@ -297,3 +297,21 @@ def test_a_dataloader_workers_share_packs_the_references_blocks_for_that_worker(
         assert blocks_of(ours) == blocks_of(Reference(table, worker_info_override=worker, **kw))
         with pytest.raises(RuntimeError, match="one DataLoader worker's share"):
             ours.state_dict()
+
+
+def test_reference_packed_rank_states_merge_as_the_reference_merges_them(corpora):
+    table, _ = corpora[1]
+    kw = packed(L=8, num_splits=4, blocks_per_epoch=24, shuffle_seed=6)
+    refs = [Reference(table, rank=r, world_size=2, **kw) for r in range(2)]
+    for ref in refs:
+        take(iter(ref), 2 * 3)  # three cycles of two splits
+    states = [ref.state_dict() for ref in refs]
+    merged = lance_ray.merge_state_dicts(states)
+    assert merged == Reference.merge_state_dicts(states)
+    whole = blocks_of(StreamingDataset(table, reader="local", **kw))
+    resumed = StreamingDataset(table, reader="local", **kw)
+    resumed.load_state_dict(merged)
+    assert blocks_of(resumed) == whole[3 * 4:]
+    with pytest.raises(ValueError, match="not captured at the same global step"):
+        lance_ray.merge_state_dicts([states[0], Reference(table, rank=1, world_size=2,
+                                                          **kw).state_dict()])
