@@ -14,7 +14,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -142,9 +141,8 @@ class CoordinatorActor:
             self._plans.prefetch(epoch + 1)
         return plan
 
-    def plan_part(self, epoch: int, first: int, count: int) -> tuple[SplitPlan, st.PlanIdentity]:
-        plan = self._plan(epoch)
-        return plan.splits(first, count), plan.identity()
+    def plan_part(self, epoch: int, first: int, count: int) -> SplitPlan:
+        return self._plan(epoch).splits(first, count)
 
     def _state(self, sealed: lg.Sealed) -> dict[str, Any]:
         return st.make_state(self._plan(sealed.epoch).identity(), list(sealed.samples),
@@ -176,12 +174,10 @@ class CoordinatorActor:
         """When views send their progress (see :mod:`lance_ray.state.reporting`)."""
         return asdict(self._report_policy)
 
-    def report_batch(self, rank: int, world_size: int, epoch: int, steps: Sequence[int],
-                     samples: Sequence[Sequence[int]],
-                     positions: Sequence[Sequence[int]]) -> int | None:
+    def report_batch(self, batch: lg.ReportBatch) -> int | None:
         """Record a rank's progress at several steps (a coalesced report); returns the
         newest step it sealed, if any."""
-        batch = lg.ReportBatch(rank, world_size, epoch, steps, samples, positions)
+        rank, epoch, steps, samples = batch.rank, batch.epoch, batch.steps, batch.samples
         with self._lock:
             sealed = lg.record_batch(self._ledger, batch)
             if steps and epoch == self._ledger.epoch:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .ledger import PENDING_WINDOW, ReportBatch
+from .ledger import PENDING_WINDOW, RankReport, ReportBatch
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +113,10 @@ class Reporter:
     def buffered_steps(self) -> int:
         return len(self._steps)
 
-    def add(self, rank: int, world_size: int, epoch: int, step: int, samples: Sequence[int],
-            positions: Sequence[int], *, final: bool = False) -> None:
-        """Buffer the rank's progress after ``step``; ``final``: the epoch ends here."""
+    def add(self, report: RankReport, *, final: bool = False) -> None:
+        """Buffer the rank's progress after its step; ``final``: the epoch ends here."""
+        rank, world_size, epoch = report.rank, report.world_size, report.epoch
+        step, samples, positions = report.step, report.samples, report.positions
         with self._lock:
             self._raise_answered()
             key = (rank, world_size, epoch)

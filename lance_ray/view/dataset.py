@@ -17,6 +17,7 @@ from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
 from ..plan.table import StorageOptionsFactory, TableRef, check_columns
 from ..read.transform import ErrorPolicy, Transform, TransformPolicy, make_policy
 from ..state import format as st
+from ..state.ledger import RankReport
 from ..state.merge import merge_state_dicts
 from ..stream.cursor import Cursor
 from ..stream.order import RankStream
@@ -244,11 +245,11 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         return state
 
     def _set_plan(self, spec: PlanSpec) -> None:
-        self._install_plan(spec, *self._plans.part(spec, self._owned))
+        self._install_plan(spec, self._plans.part(spec, self._owned))
 
-    def _install_plan(self, spec: PlanSpec, plan: SplitPlan, identity: st.PlanIdentity) -> None:
+    def _install_plan(self, spec: PlanSpec, plan: SplitPlan) -> None:
         """Switch to ``plan`` from its start; any running iterator becomes stale."""
-        self._plan, self._identity = plan, identity
+        self._plan, self._identity = plan, plan.identity()
         self._spec = spec
         zeros = [0] * spec.num_splits
         self._new_cursor(zeros, zeros, batches=0, origin=True)
@@ -281,9 +282,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         self._cursor.commit(samples, batches)
         if batches and self._plans.wants_reports:  # keep the commit O(1) without a coordinator
             done = self._stream().advanced(self._cursor.consumed)
-            self._plans.report(self._rank, self._world_size, self._spec.epoch,
-                               self._cursor.batches, done.samples, done.positions,
-                               final=not len(done))
+            report = RankReport(self._rank, self._world_size, self._spec.epoch,
+                                self._cursor.batches, done.samples, done.positions)
+            self._plans.report(report, final=not len(done))
 
     @property
     def samples_remaining(self) -> int:
@@ -350,7 +351,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         spec = self._spec.for_epoch(epoch)
         part = self._plans.part(spec, self._owned)  # may fail: nothing has changed yet
         self._plans.set_epoch(epoch)
-        self._install_plan(spec, *part)
+        self._install_plan(spec, part)
 
     # ----------------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[Any]:

@@ -101,6 +101,13 @@ class StreamingDataLoader(DataLoader):
             )
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if getattr(dataset, "_packing", None) is not None and num_workers > 0:
+            raise ValueError(
+                "StreamingDataLoader with num_workers > 0 cannot load a packed dataset "
+                "(pack_sequences): a split's blocks depend on every earlier document of it, so "
+                "workers cannot share one rank's block sequence. Use num_workers=0: reads run "
+                "in Ray Data tasks (or reader threads) and packing on a background thread"
+            )
         if drop_last:
             raise ValueError(
                 "drop_last=True is not supported: dropped samples could not be accounted for "
@@ -155,6 +162,10 @@ class StreamingDataLoader(DataLoader):
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset
+        if dataset._packing is not None:
+            yield from dataset._packed_batches(lease, self._batch_size_samples,
+                                               self._source.collate_fn)
+            return
         stream, generation = dataset._begin(lease[0])
         self._source.stream = stream  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.

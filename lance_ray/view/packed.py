@@ -34,7 +34,7 @@ from ..state.packed import (
     parse_packed_state,
 )
 from ..stream.order import RankStream
-from ..stream.packed_order import Blocks, RankPacker
+from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
 from ..stream.packing import Cut, cu_seqlens_of, documents, position_ids_of
 from .compat import worker_share
 
@@ -186,7 +186,7 @@ class PackedView:
         self._pack_totals: np.ndarray | None = None  # exact tokens of the owned splits
         budget = o.blocks_per_epoch
         if budget == "auto":
-            plan = self._plans.part(self._spec, range(s))[0]
+            plan = self._plans.part(self._spec, range(s))
             totals = split_token_totals(self._table, plan, range(s), o.column,
                                         self._spec.filter, remote=self._remote_counts())
             budget = auto_budget(int(totals.sum()), o.block_len, s)
@@ -232,16 +232,16 @@ class PackedView:
         return self._packed_len() - sum(emitted[s] for s in self._owned)
 
     def _packed_state_dict(self) -> dict[str, Any]:
-        emitted = {self._pack_emitted()[s] for s in self._owned}
-        if len(emitted) > 1:
+        if self._pack_live is not None and len(self._pack_live[0]) != len(self._owned):
+            raise RuntimeError("this view packs one DataLoader worker's share of its rank's "
+                               "splits; its progress does not determine the other workers'")
+        emitted = self._pack_emitted()
+        if len({emitted[s] for s in self._owned}) > 1:
             raise RuntimeError(
                 "Packed StreamingDataset checkpointing is only safe at a complete logical "
                 "step boundary, when every split assigned to this rank has emitted the same "
                 f"block count. Consume more batches before calling state_dict() (use a batch "
                 f"size that is a multiple of this rank's {len(self._owned)} splits)")
-        if self._pack_live is not None and len(self._pack_live[0]) != len(self._owned):
-            raise RuntimeError("this view packs one DataLoader worker's share of its rank's "
-                               "splits; its progress does not determine the other workers'")
         ws = self._world_size
         return make_packed_state(self._identity, self._pack_config, self._pack_budget,
                                  self._pack_progress(), world_size=ws,
@@ -257,6 +257,8 @@ class PackedView:
         st.check_compatible(state, self._identity)
         check_packing_matches(state, self._pack_config, self._pack_budget)
         st.check_loadable_on(parsed.owner, self._rank, self._world_size)
+        if len({parsed.splits[k].emitted for k in self._owned}) > 1:
+            raise ValueError(NOT_ALIGNED)
         zeros = [0] * self._spec.num_splits
         self._new_cursor(zeros, zeros, batches=parsed.owner.global_step or 0, origin=True)
         self._pack_base = list(parsed.splits)
@@ -320,10 +322,10 @@ class PackedView:
             blocks = packer.take(size)
             return blocks, list(packer.last), cost
 
-        takes = -(-len(packer) // count)
+        takes = ahead(step, itertools.repeat(count, -(-len(packer) // count)),
+                      self._prefetch_batches)
         try:
-            for (blocks, snapshot, cost), wait_s in self._timed(
-                    ahead(step, itertools.repeat(count, takes), self._prefetch_batches)):
+            for (blocks, snapshot, cost), wait_s in self._timed(takes):
                 self._check_generation(generation)
                 self._pack_live = (splits, snapshot)
                 self._cursor.commit(0, batches)
@@ -336,6 +338,12 @@ class PackedView:
                 self._pack_ended = True
                 self._report_left_out(packer)
         finally:
+            # Stop the takes (waiting for one in progress: then no thread reads ``chunks``),
+            # then the reads (a Ray Data pipeline) the budget no longer needs.
+            for it in (takes, chunks):
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
             self._end(generation)
 
     def _report_left_out(self, packer: RankPacker) -> None:
