@@ -199,6 +199,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return metrics
 
 
+def start_local_ray(attempts: int = 3) -> None:
+    """A local Ray with train slots and its own temp dir (other local Ray sessions on this
+    machine keep theirs). Ray gives a starting raylet 30 s to register (fixed in
+    ``ray/_private/node.py``), which a loaded machine can miss: then try again."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address="local", num_cpus=2, resources={"slot": 8},
+                     include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lm-ray-"))
+            return
+        except Exception as e:  # Ray raises a bare Exception for this
+            if "timed out during startup" not in str(e) or attempt == attempts:
+                raise
+            logger.warning("local Ray did not start (%s); trying again", e)
+            ray.shutdown()
+
+
 def demo(args: argparse.Namespace) -> dict[str, Any]:
     """A fresh table and run: 2 workers crash and stop mid-epoch, 4 finish it, then the
     proof (``jobs/verify.py``'s)."""
@@ -207,10 +223,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     for stale in (args.db, args.storage_path):
         shutil.rmtree(stale, ignore_errors=True)
     # Ray first: its processes start with fork+exec, unsafe once Lance runs threads here.
-    # Its own temp dir: other local Ray sessions on this machine keep theirs.
     if not (args.address or os.environ.get("RAY_ADDRESS")):
-        ray.init(address="local", num_cpus=2, resources={"slot": 8}, include_dashboard=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="lm-demo-ray-"))
+        start_local_ray()
     train_job.connect(args.address)
     table = make_table.create_table(args.db, args.table, rows=args.docs, tokens=True,
                                        mean_len=args.mean_len, vocab=args.vocab, fragments=2)
