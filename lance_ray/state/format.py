@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks import is_int
-from ..topology import rank_splits
+from ..topology import Topology, rank_splits
 
 logger = logging.getLogger(__name__)
 
@@ -245,8 +245,9 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             )
 
 
-def check_loadable_on(progress: Progress, rank: int, world_size: int) -> None:
+def check_loadable_on(progress: Progress, topology: Topology) -> None:
     """Raise unless one rank's view may resume from ``progress`` without a merge."""
+    rank, world_size = topology.rank, topology.world_size
     if progress.loadable_anywhere or progress.rank is None:
         return
     if (progress.rank, progress.world_size) != (rank, world_size):

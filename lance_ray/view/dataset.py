@@ -28,7 +28,7 @@ from ..state.ledger import RankReport
 from ..state.merge import merge_state_dicts
 from ..stream.cursor import Cursor
 from ..stream.order import RankStream
-from ..topology import rank_splits
+from ..topology import Topology
 from .compat import (
     DEFAULT_PREFETCH_BATCHES,
     UNTRACKED,
@@ -157,7 +157,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_batches, reader, ray_remote_args, options)
-        self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size, read=read)
+        self._init_view(table_ref, spec, plans, Topology(rank, world_size), read)
 
     @classmethod
     def from_coordinator(
@@ -189,16 +189,16 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         IterableDataset.__init__(self)
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_batches, reader, ray_remote_args)
-        self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size, read=read)
-        self.load_state_dict(plans.start(rank, world_size))
+        topology = Topology(rank, world_size)
+        self._init_view(table_ref, spec, plans, topology, read)
+        self.load_state_dict(plans.start(topology))
         return self
 
-    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource, *, rank: int,
-                   world_size: int, read: ReadOptions) -> None:
-        positive_int("world_size", world_size)
-        if not isinstance(rank, int) or isinstance(rank, bool):
-            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-        self._owned = rank_splits(rank, world_size, spec.num_splits)
+    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource,
+                   topology: Topology, read: ReadOptions) -> None:
+        self._owned = topology.owned(spec.num_splits)
+        self._topology = topology
+        rank, world_size = topology.rank, topology.world_size
         self._table = table
         self._columns = check_columns(table, read.columns)
         self._rank, self._world_size = rank, world_size
@@ -337,7 +337,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         """Resume from ``state``; nothing changes unless the whole state is valid."""
         progress = st.parse_state(state, self._plan.split_len)
         st.check_compatible(state, self._identity)
-        st.check_loadable_on(progress, self._rank, self._world_size)
+        st.check_loadable_on(progress, self._topology)
         self._new_cursor(list(progress.samples), list(progress.positions),
                          batches=progress.global_step or 0,
                          origin=progress.loadable_anywhere)
