@@ -23,7 +23,17 @@ FORMAT_VERSION = 1
 # early keeps a bad state from allocating huge lists.
 MAX_NUM_SPLITS = 1 << 24
 EXTRA_KEY = "lance_ray"
-REFERENCE_KEYS = ("shuffle_seed", "num_splits", "epoch", "samples_consumed_per_split")
+PLAN_KEYS = ("shuffle_seed", "num_splits", "epoch")  # the top-level keys that name a plan
+REFERENCE_KEYS = (*PLAN_KEYS, "samples_consumed_per_split")
+# The identity keys under EXTRA_KEY a state must agree on with a plan, and how to fix each.
+IDENTITY_FIXES = {
+    "table_version": "open the table at the checkpoint's version (table_version=...)",
+    "shuffle": "construct the dataset with the checkpoint's shuffle setting",
+    "filter": "construct the dataset with the checkpoint's filter",
+    "shuffle_clump_size": "construct the dataset with the checkpoint's shuffle_clump_size",
+    "split_len": "the table or filter changed since the checkpoint",
+    "plan_fingerprint": "the table's rows at this version differ from the checkpoint's",
+}
 
 
 @dataclass(frozen=True)
@@ -229,15 +239,7 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             "version, filter and shuffle settings cannot be verified"
         )
         return
-    checks = {
-        "table_version": "open the table at the checkpoint's version (table_version=...)",
-        "shuffle": "construct the dataset with the checkpoint's shuffle setting",
-        "filter": "construct the dataset with the checkpoint's filter",
-        "shuffle_clump_size": "construct the dataset with the checkpoint's shuffle_clump_size",
-        "split_len": "the table or filter changed since the checkpoint",
-        "plan_fingerprint": "the table's rows at this version differ from the checkpoint's",
-    }
-    for key, fix in checks.items():
+    for key, fix in IDENTITY_FIXES.items():
         theirs, ours = extra.get(key), getattr(identity, key)
         if theirs != ours:
             raise ValueError(
