@@ -4,7 +4,7 @@ The plan is a pure function of (table version, filter, shuffle, num_splits, shuf
 epoch, clump size, plan mode). In the default mode (``plan="lancedb"``) rows are assigned
 exactly as ``lancedb.streaming.StreamingDataset`` assigns them, by calling lancedb's own
 permutation builder on the pinned table version, so checkpoints and sample order are
-interchangeable with the reference. ``plan="index"`` (``index_plan``) computes each row's
+interchangeable with the reference. ``plan="index"`` (``plan.index``) computes each row's
 shuffled position instead, for tables past the builder's limit.
 """
 

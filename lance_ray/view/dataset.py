@@ -128,7 +128,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         plan: str = "lancedb",
-        # lancedb.streaming's own arguments (compat.py says what each maps to)
+        # lancedb.streaming's own arguments (view/compat.py says what each maps to)
         io_queue_depth: int | None = None,
         transform_parallelism: int | None = None,
         transform_queue_depth: int | None = None,
