@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -68,6 +69,12 @@ def token_batch(lo: int, hi: int, *, mean_len: float = 500.0, vocab: int = 32_00
     return pa.table({"id": np.arange(lo, hi, dtype=np.int64), "tokens": tokens})
 
 
+def token_rows(mean_len: float = 500.0, vocab: int = 32_000
+               ) -> Callable[[int, int, int], pa.Table]:
+    """``create_table``'s ``batch`` for a token table (:func:`token_batch`; no ``dim``)."""
+    return lambda lo, hi, dim: token_batch(lo, hi, mean_len=mean_len, vocab=vocab)
+
+
 def blocks_per_epoch(uri: str, block_len: int, num_splits: int,
                      column: str = "tokens") -> int:
     """Packed blocks of ``block_len`` holding every token of the Lance dataset at ``uri``
@@ -83,10 +90,11 @@ def blocks_per_epoch(uri: str, block_len: int, num_splits: int,
 
 
 def create_table(db_path: str, name: str = "demo", *, rows: int, dim: int = 16,
-                 fragments: int = 4, overwrite: bool = True, tokens: bool = False,
-                 mean_len: float = 500.0, vocab: int = 32_000):
-    """Create (or replace) table ``name`` in the LanceDB database at ``db_path``; with
-    ``tokens`` a token table of ``rows`` documents (:func:`token_batch`)."""
+                 fragments: int = 4, overwrite: bool = True,
+                 batch: Callable[[int, int, int], pa.Table] = synthetic_batch):
+    """Create (or replace) table ``name`` in the LanceDB database at ``db_path``: rows
+    ``batch(lo, hi, dim)`` written in ``fragments`` appends (the tests' tables pass their own
+    ``batch``)."""
     import lancedb
 
     db = lancedb.connect(db_path)
@@ -96,8 +104,7 @@ def create_table(db_path: str, name: str = "demo", *, rows: int, dim: int = 16,
     started = time.monotonic()
     table = None
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        data = (token_batch(int(lo), int(hi), mean_len=mean_len, vocab=vocab) if tokens
-                else synthetic_batch(int(lo), int(hi), dim))
+        data = batch(int(lo), int(hi), dim)
         table = db.create_table(name, data) if table is None else table
         if table.count_rows() < hi:
             table.add(data)
@@ -121,8 +128,9 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     table = create_table(args.db, args.name, rows=args.rows, dim=args.dim,
-                         fragments=args.fragments, tokens=args.tokens,
-                         mean_len=args.mean_len, vocab=args.vocab)
+                         fragments=args.fragments,
+                         batch=token_rows(args.mean_len, args.vocab) if args.tokens
+                         else synthetic_batch)
     print(f"table {args.name!r} at {args.db}: {table.count_rows()} rows, version {table.version}")
 
 

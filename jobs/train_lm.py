@@ -226,8 +226,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     if not (args.address or os.environ.get("RAY_ADDRESS")):
         start_local_ray()
     train_job.connect(args.address)
-    table = make_table.create_table(args.db, args.table, rows=args.docs, tokens=True,
-                                       mean_len=args.mean_len, vocab=args.vocab, fragments=2)
+    table = make_table.create_table(args.db, args.table, rows=args.docs, fragments=2,
+                                       batch=make_table.token_rows(args.mean_len, args.vocab))
     print(f"token table {args.table!r}: {table.count_rows()} documents")
     common = ["--db", args.db, "--table", args.table, "--storage-path", args.storage_path,
               "--name", args.name, "--reader", args.reader]

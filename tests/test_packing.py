@@ -60,7 +60,8 @@ def test_packed_blocks_and_states_match_the_reference(corpora, corpus, L, num_sp
     tokens = sum(len(d) + 1 for d in docs)
     per_split = data.draw(hs.integers(1, tokens // L // num_splits + 3))
     kw = packed(L=L, num_splits=num_splits, shuffle=shuffle, shuffle_seed=seed, rank=rank,
-                world_size=world_size, blocks_per_epoch=per_split * num_splits)
+                world_size=world_size, blocks_per_epoch=per_split * num_splits,
+                filter=data.draw(hs.sampled_from([None, "id % 3 != 1"])))
     ref = Reference(table, **kw)
     reads = data.draw(hs.sampled_from([4, 7, 4096]))  # several reads per split, or one
     ours = StreamingDataset(table, reader="local", read_batch_size=reads, **kw)
@@ -234,14 +235,15 @@ def test_packed_and_row_states_do_not_load_into_each_other(corpora):
 
 
 @pytest.mark.parametrize("per_split", [1, 3, 40])
-def test_auto_budget_is_exact_and_left_out_tokens_are_counted(corpora, per_split):
-    table, docs = corpora[2]  # 36 documents: every one is planned on 2 splits
-    total = sum(len(d) + 1 for d in docs)
-    auto = StreamingDataset(table, reader="local", **packed(L=4, num_splits=2,
-                                                            blocks_per_epoch="auto"))
+@pytest.mark.parametrize("where", [None, "id % 2 = 0"])
+def test_auto_budget_is_exact_and_left_out_tokens_are_counted(corpora, per_split, where):
+    table, docs = corpora[2]  # 36 documents (18 even ids): every one is planned on 2 splits
+    total = sum(len(d) + 1 for i, d in enumerate(docs) if where is None or i % 2 == 0)
+    auto = StreamingDataset(table, reader="local", filter=where,
+                            **packed(L=4, num_splits=2, blocks_per_epoch="auto"))
     assert auto.state_dict()["blocks_per_epoch"] == (total // 4) - (total // 4) % 2
-    ds = StreamingDataset(table, reader="local", **packed(L=4, num_splits=2,
-                                                          blocks_per_epoch=2 * per_split))
+    ds = StreamingDataset(table, reader="local", filter=where,
+                          **packed(L=4, num_splits=2, blocks_per_epoch=2 * per_split))
     real = sum(int((b["input_ids"] != PAD).sum()) for b in ds)
     assert ds.stats.tokens_left_out == total - real
     assert (ds.stats.tokens_left_out > 0) == (per_split * 2 * 4 < total)

@@ -20,13 +20,13 @@ import lm_data  # noqa: E402
 import train_lm  # noqa: E402
 import verify as verify_job  # noqa: E402
 from lm_model import document_mask, document_positions  # noqa: E402
-from make_table import create_table  # noqa: E402
+from make_table import create_table, token_rows  # noqa: E402
 
 
 @pytest.fixture
 def lm_args(tmp_path, request):
     db = tmp_path / "db"
-    create_table(str(db), "tokens", rows=96, tokens=True, mean_len=60, vocab=128, fragments=2)
+    create_table(str(db), "tokens", rows=96, fragments=2, batch=token_rows(60, 128))
     name = request.node.name[:40]
     return ["--db", str(db), "--table", "tokens", "--storage-path", str(tmp_path / "storage"),
             "--name", name, "--vocab", "128", "--block-len", "64", "--num-splits", "4",

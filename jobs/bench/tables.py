@@ -38,11 +38,12 @@ def ensure_table(db: Path, name: str, rows: int, fragments: int,
                 and table.count_rows() == rows:
             print(f"reusing table {name!r}: {rows:,} rows, version {table.version}", flush=True)
             return got | {"uri": table.to_lance().uri, "created_s": 0.0}
-    from jobs.make_table import blocks_per_epoch, create_table
+    from jobs.make_table import blocks_per_epoch, create_table, synthetic_batch, token_rows
 
     t = time.perf_counter()
     table = create_table(str(db), name, rows=rows, dim=DIM, fragments=fragments,
-                         tokens=tokens, mean_len=PACK_MEAN_LEN, vocab=PACK_VOCAB)
+                         batch=token_rows(PACK_MEAN_LEN, PACK_VOCAB) if tokens
+                         else synthetic_batch)
     took = time.perf_counter() - t
     info = want | {"version": table.version}
     if tokens:

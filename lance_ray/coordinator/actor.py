@@ -34,7 +34,7 @@ from ..plan.table import (
 from ..state import format as st
 from ..state import ledger as lg
 from ..state.reporting import ReportPolicy
-from ..topology import splits_per_rank
+from ..topology import Topology, splits_per_rank
 from ..view.dataset import StreamingDataset
 from .throttle import Throttled
 
@@ -151,8 +151,9 @@ class CoordinatorActor:
 
     # ----------------------------------------------------------------- progress
 
-    def start(self, rank: int, world_size: int) -> dict[str, Any]:
-        """The state a new view of ``(rank, world_size)`` starts from (resizing if needed)."""
+    def start(self, topology: Topology) -> dict[str, Any]:
+        """The state a new view of ``topology`` starts from (resizing if needed)."""
+        rank, world_size = topology.rank, topology.world_size
         with self._lock:
             if world_size != self._ledger.world_size:
                 if self._rank_progress:

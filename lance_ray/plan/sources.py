@@ -19,6 +19,7 @@ import ray
 
 from ..state import ledger as lg
 from ..state.reporting import Reporter, ReportPolicy
+from ..topology import Topology
 from .background import BackgroundPlans
 from .index import build_index_plan
 from .splits import PlanSpec, SplitPlan, build_plan, check_epoch_seed
@@ -190,8 +191,9 @@ class CoordinatorPlans:
     def describe(self) -> tuple[TableRef, PlanSpec]:
         return ray.get(self.handle.describe.remote())
 
-    def start(self, rank: int, world_size: int) -> dict[str, Any]:
-        return ray.get(self.handle.start.remote(rank, world_size))
+    def start(self, topology: Topology) -> dict[str, Any]:
+        """The state a new view of ``topology`` starts from (the coordinator may resize)."""
+        return ray.get(self.handle.start.remote(topology))
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
         return ray.get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))

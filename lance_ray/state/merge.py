@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..topology import rank_splits
-from .format import EXTRA_KEY, Progress, parse_state
+from .format import EXTRA_KEY, IDENTITY_FIXES, PLAN_KEYS, Progress, parse_state
 from .packed import CONFIG_KEYS, is_packed, parse_packed_state
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
     parsed = [parse_state(s) for s in states]
     first = states[0]
     for s in states[1:]:
-        for key in ("shuffle_seed", "num_splits", "epoch"):
+        for key in PLAN_KEYS:
             if s[key] != first[key]:
                 raise ValueError(
                     f"{key} mismatch across state dicts: {s[key]} != {first[key]}; merge only "
@@ -47,7 +47,7 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
         )
         samples = [max(c) for c in zip(*(p.samples for p in parsed))]
         positions = [max(c) for c in zip(*(p.positions for p in parsed))]
-        return {**{k: first[k] for k in ("shuffle_seed", "num_splits", "epoch")},
+        return {**{k: first[k] for k in PLAN_KEYS},
                 "samples_consumed_per_split": samples,
                 "positions_consumed_per_split": positions}
     return _merge_owned(states, parsed)
@@ -57,8 +57,7 @@ def check_same_run(states: list[dict], parsed: list[Progress]) -> None:
     """Raise unless lance_ray ``states`` come from one plan and one global step."""
     first_extra = states[0][EXTRA_KEY]
     for s in states[1:]:
-        for key in ("plan", "table_version", "plan_fingerprint", "shuffle", "filter",
-                    "shuffle_clump_size", "split_len"):
+        for key in ("plan", *IDENTITY_FIXES):
             if s[EXTRA_KEY].get(key) != first_extra.get(key):
                 raise ValueError(
                     f"{key} mismatch across state dicts: {s[EXTRA_KEY].get(key)!r} != "
@@ -120,7 +119,7 @@ def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
                 "a state records more progress on a split it does not own than the owner "
                 "does; the states were not taken at the same step"
             )
-    return {**{k: states[0][k] for k in ("shuffle_seed", "num_splits", "epoch")},
+    return {**{k: states[0][k] for k in PLAN_KEYS},
             "samples_consumed_per_split": samples,
             "positions_consumed_per_split": positions,
             EXTRA_KEY: _merged_extra(states, parsed[0].global_step)}

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from .format import EXTRA_KEY, PlanIdentity, Progress, make_state, parse_state
+from .format import EXTRA_KEY, PLAN_KEYS, PlanIdentity, Progress, make_state, parse_state
 
 logger = logging.getLogger(__name__)
 
 PACK_KEYS = ("pack_sequences", "eos_id", "pad_id", "blocks_per_epoch")
 PACKED_KEYS = ("samples_consumed_per_split", "blocks_emitted_per_split", "pack_buffers")
-CONFIG_KEYS = ("shuffle_seed", "num_splits", "epoch", *PACK_KEYS)
+CONFIG_KEYS = (*PLAN_KEYS, *PACK_KEYS)
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def make_packed_state(identity: PlanIdentity, config: PackConfig, blocks_per_epo
     base = make_state(identity, consumed, consumed, world_size=world_size, rank=rank,
                       global_step=global_step)
     buffers = {k: b for k, s in enumerate(splits) if (b := s.buffer()) is not None}
-    return {**{k: base[k] for k in ("shuffle_seed", "num_splits", "epoch")},
+    return {**{k: base[k] for k in PLAN_KEYS},
             "pack_sequences": config.block_len, "eos_id": config.eos_id,
             "pad_id": config.pad_id, "blocks_per_epoch": blocks_per_epoch,
             "samples_consumed_per_split": consumed,

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..checks import positive_int
 from .ledger import PENDING_WINDOW, RankReport, ReportBatch
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,7 @@ class ReportPolicy:
     def __post_init__(self) -> None:
         for name in ("every_batches", "max_in_flight"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"report {name} must be a positive integer, got {value!r}")
+            positive_int(f"report {name}", value)
         if self.every_batches > PENDING_WINDOW // 2:
             raise ValueError(f"report every_batches must be at most {PENDING_WINDOW // 2} "
                              f"(half the coordinator's pending window), got {self.every_batches}")

@@ -12,25 +12,33 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import positive_int
 from ..plan.resolve import resolve_plan
-from ..plan.sources import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
+from ..plan.sources import (
+    DEFAULT_NAMESPACE,
+    CoordinatorPlans,
+    LocalPlans,
+    PlanSource,
+    RayTaskPlans,
+    ray_is_up,
+)
 from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
 from ..plan.table import StorageOptionsFactory, TableRef, check_columns
-from ..read.transform import ErrorPolicy, Transform, TransformPolicy, make_policy
+from ..read.transform import ErrorPolicy, Transform, make_policy
 from ..state import format as st
 from ..state.ledger import RankReport
 from ..state.merge import merge_state_dicts
 from ..stream.cursor import Cursor
 from ..stream.order import RankStream
-from ..topology import rank_splits
+from ..topology import Topology
 from .compat import (
+    DEFAULT_PREFETCH_BATCHES,
     UNTRACKED,
-    ReferenceOptions,
     WorkerInfo,
     current_worker,
     prefetch_depth,
     reference_options,
     worker_share,
 )
+from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
 from .packed import PackedView, pack_options
 from .properties import ViewProperties
 from .reading import Reading, leased
@@ -38,11 +46,6 @@ from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
 
-# Large reads: a Ray read task and a Lance take each cost a fixed overhead, and denser row
-# ids share pages (measured on 200k rows, full shuffle, local reader: 65536-row reads give
-# 2.8x the rows/s of 16384-row ones). Reads start small (read.FIRST_READ_ROWS) and grow.
-DEFAULT_READ_BATCH_SIZE = 65536
-READERS = ("ray", "local")
 
 
 class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
@@ -131,7 +134,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         plan: str = "lancedb",
-        # lancedb.streaming's own arguments (compat.py says what each maps to)
+        # lancedb.streaming's own arguments (view/compat.py says what each maps to)
         io_queue_depth: int | None = None,
         transform_parallelism: int | None = None,
         transform_queue_depth: int | None = None,
@@ -164,11 +167,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         self._packing = pack_options(table_ref, columns, transform, num_splits, pack_sequences,
                                      eos_id, pad_id, blocks_per_epoch, pack_position_ids,
                                      pack_cu_seqlens)
-        self._init_view(table_ref, spec, plans, rank=rank,
-                        world_size=world_size, columns=columns,
-                        transform=make_policy(transform, on_transform_error, fill_value),
-                        read_batch_size=read_batch_size, prefetch_batches=prefetch_batches,
-                        reader=reader, ray_remote_args=ray_remote_args, options=options)
+        read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
+                           read_batch_size, prefetch_batches, reader, ray_remote_args, options)
+        self._init_view(table_ref, spec, plans, Topology(rank, world_size), read)
 
     @classmethod
     def from_coordinator(
@@ -183,7 +184,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         on_transform_error: ErrorPolicy = "raise",
         fill_value: Any = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
-        prefetch_batches: int = 2,
+        prefetch_batches: int = DEFAULT_PREFETCH_BATCHES,
         reader: str = "ray",
         ray_remote_args: dict[str, Any] | None = None,
     ) -> StreamingDataset:
@@ -194,44 +195,32 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         resizes the run), and reports its committed progress, coalesced under the coordinator's
         ``report_policy`` and always before a ``state_dict()``.
         """
-        from ..plan.sources import CoordinatorPlans
-
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
-        self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size,
-                        columns=columns,
-                        transform=make_policy(transform, on_transform_error, fill_value),
-                        read_batch_size=read_batch_size,
-                        prefetch_batches=prefetch_batches, reader=reader,
-                        ray_remote_args=ray_remote_args, options=ReferenceOptions())
-        self.load_state_dict(plans.start(rank, world_size))
+        read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
+                           read_batch_size, prefetch_batches, reader, ray_remote_args)
+        topology = Topology(rank, world_size)
+        self._init_view(table_ref, spec, plans, topology, read)
+        self.load_state_dict(plans.start(topology))
         return self
 
-    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource, *, rank: int,
-                   world_size: int, columns: list[str] | None,
-                   transform: TransformPolicy | None,
-                   read_batch_size: int, prefetch_batches: int, reader: str,
-                   ray_remote_args: dict[str, Any] | None, options: ReferenceOptions) -> None:
-        positive_int("world_size", world_size)
-        if not isinstance(rank, int) or isinstance(rank, bool):
-            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-        self._owned = rank_splits(rank, world_size, spec.num_splits)
-        positive_int("read_batch_size", read_batch_size)
-        positive_int("prefetch_batches", prefetch_batches)
-        if reader not in READERS:
-            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource,
+                   topology: Topology, read: ReadOptions) -> None:
+        self._owned = topology.owned(spec.num_splits)
+        self._topology = topology
+        rank, world_size = topology.rank, topology.world_size
         self._table = table
-        self._columns = check_columns(table, columns)
+        self._columns = check_columns(table, read.columns)
         self._rank, self._world_size = rank, world_size
-        self._transform = transform
-        self._read_batch_size = read_batch_size
-        self._prefetch_batches = prefetch_batches
-        self._reader_kind = reader
-        self._ray_remote_args = ray_remote_args
+        self._transform = read.transform
+        self._read_batch_size = read.read_batch_size
+        self._prefetch_batches = read.prefetch_batches
+        self._reader_kind = read.reader
+        self._ray_remote_args = read.ray_remote_args
         self._plans = plans
-        self._options = options
+        self._options = read.reference
         self._meter = Meter(ViewStats(), rank)
         self._gauge = Gauge()
         # Set by plain DataLoader workers (shared memory, so the trainer sees it).
@@ -332,7 +321,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
             return self._packed_load_state_dict(state)
         progress = st.parse_state(state, self._plan.split_len)
         st.check_compatible(state, self._identity)
-        st.check_loadable_on(progress, self._rank, self._world_size)
+        st.check_loadable_on(progress, self._topology)
         self._new_cursor(list(progress.samples), list(progress.positions),
                          batches=progress.global_step or 0,
                          origin=progress.loadable_anywhere)

@@ -37,12 +37,14 @@ from ..stream.order import RankStream
 from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
 from ..stream.packing import Cut, cu_seqlens_of, documents, position_ids_of
 from .compat import worker_share
+from .reading import timed
 
 if TYPE_CHECKING:
     from ..plan.sources import PlanSource
     from ..plan.splits import PlanSpec, SplitPlan
     from ..plan.table import TableRef
     from ..stream.cursor import Cursor
+    from ..topology import Topology
     from .stats import Gauge, Meter
 
 logger = logging.getLogger("lance_ray.dataset")
@@ -159,6 +161,7 @@ class PackedView:
     _owned: list[int]
     _rank: int
     _world_size: int
+    _topology: Topology
     _reader_kind: str
     _prefetch_batches: int
     _cursor: Cursor
@@ -170,10 +173,8 @@ class PackedView:
     _refuse_concurrent: Callable[[Any], None]
     _claim: Callable[[Any], Any]
     _check_generation: Callable[[int], None]
-    _end: Callable[[int], None]
     _where: Callable[[], str]
     _read_rows: Callable[..., Iterator[ChunkResult]]
-    _timed: Callable[[Iterator[Any]], Iterator[tuple[Any, float]]]
     _new_cursor: Callable[..., None]
     set_epoch: Callable[[int], None]
 
@@ -256,7 +257,7 @@ class PackedView:
         parsed = parse_packed_state(state, self._plan.split_len)
         st.check_compatible(state, self._identity)
         check_packing_matches(state, self._pack_config, self._pack_budget)
-        st.check_loadable_on(parsed.owner, self._rank, self._world_size)
+        st.check_loadable_on(parsed.owner, self._topology)
         if len({parsed.splits[k].emitted for k in self._owned}) > 1:
             raise ValueError(NOT_ALIGNED)
         zeros = [0] * self._spec.num_splits
@@ -325,7 +326,7 @@ class PackedView:
         takes = ahead(step, itertools.repeat(count, -(-len(packer) // count)),
                       self._prefetch_batches)
         try:
-            for (blocks, snapshot, cost), wait_s in self._timed(takes):
+            for (blocks, snapshot, cost), wait_s in timed(takes):
                 self._check_generation(generation)
                 self._pack_live = (splits, snapshot)
                 self._cursor.commit(0, batches)
@@ -344,7 +345,8 @@ class PackedView:
                 close = getattr(it, "close", None)
                 if close is not None:
                     close()
-            self._end(generation)
+            if generation == self._cursor.generation:
+                self._gauge.stop()
 
     def _report_left_out(self, packer: RankPacker) -> None:
         """Count (in ``stats.tokens_left_out``) and log, once per epoch, the tokens of this
