@@ -66,6 +66,20 @@ def trial(kind: str, db: str, name: str, profile: str = "") -> dict:
     return json.loads(lines[-1][2:])
 
 
+def measure(db: str, table: str, kinds: list[str], trials: int) -> dict[str, float]:
+    """Median time to first batch per loader over ``trials`` fresh processes each,
+    interleaved so that load changes hit every loader alike; prints every trial."""
+    got: dict[str, list[float]] = {k: [] for k in kinds}
+    for i in range(trials):
+        for kind in kinds:
+            r = trial(kind, db, table)
+            got[kind].append(r["first_batch_s"])
+            print(f"trial {i + 1} {kind:<9} first batch {r['first_batch_s']:.3f}s "
+                  f"(imports {r['import_s']:.2f}s, Ray started: {r['ray_started']})",
+                  flush=True)
+    return {k: statistics.median(v) for k, v in got.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", default="runs/db")
@@ -75,16 +89,7 @@ def main() -> None:
     p.add_argument("--profile", default="")
     args = p.parse_args()
     db = os.path.abspath(args.db)
-    kinds = args.kinds.split(",")
-    got: dict[str, list[dict]] = {k: [] for k in kinds}
-    for i in range(args.trials):  # interleaved, so load changes hit every loader alike
-        for kind in kinds:
-            r = trial(kind, db, args.table)
-            got[kind].append(r)
-            print(f"trial {i + 1} {kind:<9} first batch {r['first_batch_s']:.3f}s "
-                  f"(imports {r['import_s']:.2f}s, Ray started: {r['ray_started']})",
-                  flush=True)
-    med = {k: statistics.median(r["first_batch_s"] for r in v) for k, v in got.items()}
+    med = measure(db, args.table, args.kinds.split(","), args.trials)
     ref = med.get("reference")
     print(f"\n{'loader':<10} {'median 1st batch s':>18} {'x reference':>11}")
     for kind, m in med.items():

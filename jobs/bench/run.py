@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..cold_start import measure as measure_cold
 from .configs import (
     BATCH,
     CLUMP,
@@ -24,11 +25,14 @@ from .configs import (
     SEED,
     SPLITS,
     TAKE_ROWS,
+    WIDE_WARM_FILTER,
     Config,
     configurations,
 )
 from .memory import TreeSampler, tree_rss_mb
 from .report import analyse, chart, fmt_rate, print_report
+
+TABLE_NAMES = {"small": "bench", "big": "bench_big", "wide": "wide"}
 
 
 def start_ray() -> str:
@@ -109,6 +113,11 @@ def main() -> None:
                    help="cap on one timed epoch; a capped epoch is measured over its part")
     p.add_argument("--big-seconds", type=float, default=25.0,
                    help="iteration time cap of the one pass at --big-rows")
+    p.add_argument("--wide-rows", type=int, default=40_000,
+                   help="rows of the wide table (0: skip the wide-row configurations)")
+    p.add_argument("--wide-bytes", type=int, default=65_536, help="bytes per wide row")
+    p.add_argument("--cold-trials", type=int, default=3,
+                   help="fresh processes per loader for the no-cluster cold start (0: skip)")
     p.add_argument("--only", default="", help="comma-separated configuration names (debugging)")
     args = p.parse_args()
     db = Path(args.out).resolve() / "db"
@@ -124,26 +133,30 @@ def main() -> None:
     # (forking after Lance has started its threads is unsafe), it only starts Ray.
     tables_json = out / "tables.json"
     subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db), str(args.rows),
-                    str(args.big_rows), str(args.fragments), str(tables_json)],
+                    str(args.big_rows), str(args.fragments), str(tables_json),
+                    str(args.wide_rows), str(args.wide_bytes)],
                    check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
     tables = json.loads(tables_json.read_text())
     small, big = tables["small"], tables["big"]
-    configs = configurations(include_big=big is not None)
+    wide = tables["wide"]
+    configs = configurations(include_big=big is not None, include_wide=wide is not None)
     if args.only:
         wanted = set(args.only.split(","))
         configs = [c for c in configs if c.name in wanted]
     ray_address = start_ray() if any(c.needs_ray for c in configs) else None
     results = []
     for i, cfg in enumerate(configs, 1):
-        tbl = small if cfg.table == "small" else big
+        tbl = {"small": small, "big": big, "wide": wide}[cfg.table]
         assert tbl is not None
         print(f"[{i:>2}/{len(configs)}] {cfg.name}: {cfg.label}, shuffle {cfg.shuffle}, "
               f"{tbl['rows']:,} rows  (t+{time.monotonic() - started:.0f}s)", flush=True)
-        spec = {"db": str(db), "table_name": "bench" if cfg.table == "small" else "bench_big",
+        spec = {"db": str(db), "table_name": TABLE_NAMES[cfg.table],
                 "uri": tbl["uri"], "rows": tbl["rows"],
-                "repeats": args.repeats if cfg.table == "small" else 1,
-                "warm_up": cfg.table == "small",
-                "max_seconds": args.max_seconds if cfg.table == "small" else args.big_seconds}
+                "repeats": {"small": args.repeats, "big": 1, "wide": 2}[cfg.table],
+                "warm_up": cfg.table != "big",
+                "max_seconds": args.big_seconds if cfg.table == "big" else args.max_seconds}
+        if cfg.table == "wide":
+            spec["warm_filter"] = WIDE_WARM_FILTER
         r = run_child(cfg, spec, out, timeout=max(180.0, 8 * args.max_seconds),
                       ray_address=ray_address)
         results.append(r)
@@ -155,7 +168,13 @@ def main() -> None:
         import ray
 
         ray.shutdown()
-    analysis = analyse(results)
+    cold = None
+    if args.cold_trials:
+        print("cold start: fresh processes, no Ray connected (reference, lance_ray default)",
+              flush=True)
+        cold = measure_cold(str(db), TABLE_NAMES["small"], ["reference", "default"],
+                            args.cold_trials)
+    analysis = analyse(results, cold)
     total = time.monotonic() - started
     notes = []
     if any(not r.get("complete", True) for r in results if r["config"]["table"] == "small"):
@@ -183,7 +202,8 @@ def main() -> None:
     meta = {"rows": args.rows, "big_rows": args.big_rows, "repeats": args.repeats, "dim": DIM,
             "batch_size": BATCH, "num_splits": SPLITS, "clump": CLUMP, "seed": SEED,
             "take_rows": TAKE_ROWS, "max_seconds": args.max_seconds,
-            "big_seconds": args.big_seconds, "tables": {"small": small, "big": big},
+            "big_seconds": args.big_seconds,
+            "tables": {"small": small, "big": big, "wide": wide},
             "git": git_state(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "total_s": total,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - total))}
