@@ -110,6 +110,29 @@ def analyse(results: list[dict[str, Any]], cold: dict[str, float] | None = None
     return {"targets": targets, "limits": limits, "references": refs, "cold_start": cold}
 
 
+def print_head(head: str) -> None:
+    """A table's header line, underlined."""
+    print(head)
+    print("-" * len(head))
+
+
+def print_wide(wide: list[dict[str, Any]], width_bytes: int) -> None:
+    """The wide-row table: throughput and peak RSS against the reference."""
+    print(f"\nWide rows: {wide[0].get('rows', 0):,} rows of {width_bytes:,} bytes (binary), "
+          "full shuffle, batch 256; rows/s = median of 2 epochs")
+    print_head(f"{'configuration':<{W}} {'rows/s':>8} {'x ref':>7} {'MB/s':>7} "
+               f"{'1st batch s':>11} {'peak RSS MB':>11} {'x ref RSS':>9} {'tree RSS MB':>11}")
+    for r in wide:
+        if "error" in r:
+            print(f"{r['config']['label']:<{W}} FAILED: {r['error']}")
+            continue
+        print(f"{label_of(r):<{W}} {fmt_rate(r['rows_per_s']):>8} "
+              f"{fmt_ratio(r.get('x_reference')):>7} "
+              f"{r['rows_per_s'] * width_bytes / 2**20:>7.0f} "
+              f"{r['first_batch_s']:>11.3f} {r['peak_rss_mb']:>11.0f} "
+              f"{fmt_ratio(r.get('x_reference_rss')):>9} {r['tree_peak_rss_mb']:>11.0f}")
+
+
 def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: Any,
                  notes: list[str]) -> None:
     small = [r for r in results if r["config"]["table"] == "small"]
@@ -121,8 +144,7 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
           "unshuffled)")
     head = (f"{'configuration':<{W}} {'shuffle':<7} {'rows/s':>8} {'x ref':>7} {'x limit':>8} "
             f"{'steady/s':>8} {'1st batch s':>11} {'peak RSS MB':>11} {'tree RSS MB':>11}")
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     for r in small:
         c = r["config"]
         if "error" in r:
@@ -139,8 +161,7 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
           "first pass of the process, incl. Ray worker start-up)")
     head = (f"{'configuration':<{W}} {'shuffle':<7} {'cold':>7} {'fresh':>7} {'res 50%':>8} "
             f"{'res 90%':>8} {'90%/fresh':>9}")
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     for r in small:
         c = r["config"]
         if "error" in r or not c["resume"]:
@@ -158,8 +179,7 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
               f"rows: one pass capped at {args.big_seconds:g}s of iteration)")
         head = (f"{'configuration':<{W}} {'RSS small':>9} {'RSS big':>9} {'ratio':>7} "
                 f"{'tree big':>9} {'rows/s big':>10} {'epoch read':>10}")
-        print(head)
-        print("-" * len(head))
+        print_head(head)
         for name, r in big.items():
             if "error" in r:
                 print(f"{r['config']['label']:<{W}} FAILED: {r['error']}")
@@ -173,21 +193,7 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
 
     wide = [r for r in results if r["config"]["table"] == "wide"]
     if wide:
-        print(f"\nWide rows: {wide[0].get('rows', 0):,} rows of {args.wide_bytes:,} bytes "
-              "(binary), full shuffle, batch 256; rows/s = median of 2 epochs")
-        head = (f"{'configuration':<{W}} {'rows/s':>8} {'x ref':>7} {'MB/s':>7} "
-                f"{'1st batch s':>11} {'peak RSS MB':>11} {'x ref RSS':>9} {'tree RSS MB':>11}")
-        print(head)
-        print("-" * len(head))
-        for r in wide:
-            if "error" in r:
-                print(f"{r['config']['label']:<{W}} FAILED: {r['error']}")
-                continue
-            print(f"{label_of(r):<{W}} {fmt_rate(r['rows_per_s']):>8} "
-                  f"{fmt_ratio(r.get('x_reference')):>7} "
-                  f"{r['rows_per_s'] * args.wide_bytes / 2**20:>7.0f} "
-                  f"{r['first_batch_s']:>11.3f} {r['peak_rss_mb']:>11.0f} "
-                  f"{fmt_ratio(r.get('x_reference_rss')):>9} {r['tree_peak_rss_mb']:>11.0f}")
+        print_wide(wide, args.wide_bytes)
     cold = analysis.get("cold_start") or {}
     if cold:
         print("\nCold start: a fresh process, no Ray connected, construct + first batch "
