@@ -145,6 +145,6 @@ def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
     if isinstance(payload, ItemColumns):  # no failed rows: nothing skipped
         return (payload.collated() if collate_fn is None else collate_fn(payload.items())), 0
     if isinstance(payload, Columns):
-        return payload.data, 0
+        return payload.batch(), 0
     assert collate_fn is not None, "Arrow payloads are read only for a collate_fn"
     return collate_fn(payload.to_pylist()), 0
