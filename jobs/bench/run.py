@@ -9,6 +9,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -29,6 +30,7 @@ from .configs import (
 )
 from .memory import TreeSampler, tree_rss_mb
 from .report import analyse, chart, fmt_rate, print_report
+from .transform_runs import transform_configurations, transform_report
 
 
 def start_ray() -> str:
@@ -36,7 +38,8 @@ def start_ray() -> str:
     import ray
 
     t = time.perf_counter()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _temp_dir=tempfile.mkdtemp(prefix="lance_ray_bench_ray_"))
     address = ray.get_runtime_context().gcs_address
     print(f"started a local Ray (num_cpus=2) at {address} in {time.perf_counter() - t:.1f}s",
           flush=True)
@@ -109,7 +112,8 @@ def main() -> None:
                    help="cap on one timed epoch; a capped epoch is measured over its part")
     p.add_argument("--big-seconds", type=float, default=25.0,
                    help="iteration time cap of the one pass at --big-rows")
-    p.add_argument("--only", default="", help="comma-separated configuration names (debugging)")
+    p.add_argument("--only", default="", help="comma-separated configuration names, or "
+                   "'transforms' for the transform cases")
     args = p.parse_args()
     db = Path(args.out).resolve() / "db"
 
@@ -122,28 +126,40 @@ def main() -> None:
     os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
     # Tables are written by a subprocess: this process stays small and never touches Lance
     # (forking after Lance has started its threads is unsafe), it only starts Ray.
-    tables_json = out / "tables.json"
-    subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db), str(args.rows),
-                    str(args.big_rows), str(args.fragments), str(tables_json)],
-                   check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
-    tables = json.loads(tables_json.read_text())
+    wanted = set(args.only.split(",")) if args.only else set()
+    tables: dict[str, Any] = {"small": None, "big": None}
+    if wanted != {"transforms"}:
+        tables_json = out / "tables.json"
+        subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db), str(args.rows),
+                        str(args.big_rows), str(args.fragments), str(tables_json)],
+                       check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
+        tables = json.loads(tables_json.read_text())
     small, big = tables["small"], tables["big"]
-    configs = configurations(include_big=big is not None)
-    if args.only:
-        wanted = set(args.only.split(","))
-        configs = [c for c in configs if c.name in wanted]
+    configs = configurations(include_big=big is not None) + transform_configurations()
+    if wanted:
+        configs = [c for c in configs if c.name in wanted
+                   or ("transforms" in wanted and c.transform)]
+    if any(c.transform for c in configs):
+        subprocess.run([sys.executable, "-m", "jobs.bench.transforms", "tables", str(db),
+                        str(out / "transform_tables.json")], check=True, cwd=REPO,
+                       env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
+        tables |= json.loads((out / "transform_tables.json").read_text())
+    # Ray workers import the transforms from this checkout (jobs.bench.transforms).
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     ray_address = start_ray() if any(c.needs_ray for c in configs) else None
     results = []
     for i, cfg in enumerate(configs, 1):
-        tbl = small if cfg.table == "small" else big
+        tbl = {"small": small, "big": big}.get(cfg.table) or tables[cfg.table]
         assert tbl is not None
         print(f"[{i:>2}/{len(configs)}] {cfg.name}: {cfg.label}, shuffle {cfg.shuffle}, "
               f"{tbl['rows']:,} rows  (t+{time.monotonic() - started:.0f}s)", flush=True)
-        spec = {"db": str(db), "table_name": "bench" if cfg.table == "small" else "bench_big",
+        spec = {"db": str(db), "table_name": {"small": "bench", "big": "bench_big"}.get(
+                    cfg.table, cfg.table),
                 "uri": tbl["uri"], "rows": tbl["rows"],
-                "repeats": args.repeats if cfg.table == "small" else 1,
-                "warm_up": cfg.table == "small",
-                "max_seconds": args.max_seconds if cfg.table == "small" else args.big_seconds}
+                "repeats": args.repeats if cfg.table != "big" else 1,
+                "warm_up": cfg.table != "big",
+                "max_seconds": args.max_seconds if cfg.table != "big" else args.big_seconds}
         r = run_child(cfg, spec, out, timeout=max(180.0, 8 * args.max_seconds),
                       ray_address=ray_address)
         results.append(r)
@@ -179,7 +195,17 @@ def main() -> None:
                      "again with multiprocessing_context='forkserver'")
     notes.append(f"timings are noisy on a shared 2-core machine; total run {total:.0f}s"
                  + (" (OVER the 10-minute budget)" if total > 600 else ""))
+    if any(c.transform for c in configs):
+        lines, analysis["transform_targets"] = transform_report(results)
+        notes.append("transforms: " + " / ".join(
+            f"{name} {t['rows']:,} rows" for name, t in tables.items()
+            if name not in ("small", "big")) + "; the CPU-only nodes of the scaling rows are "
+            "simulated on this machine's cores (ray.cluster_utils), so they show placement, "
+            "not added hardware")
+    else:
+        lines = []
     print_report(results, analysis, args, notes)
+    print("\n" + "\n".join(lines) if lines else "")
     meta = {"rows": args.rows, "big_rows": args.big_rows, "repeats": args.repeats, "dim": DIM,
             "batch_size": BATCH, "num_splits": SPLITS, "clump": CLUMP, "seed": SEED,
             "take_rows": TAKE_ROWS, "max_seconds": args.max_seconds,
@@ -189,8 +215,9 @@ def main() -> None:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - total))}
     (out / "bench.json").write_text(json.dumps(
         {"meta": meta, "results": results, **analysis, "notes": notes}, indent=1))
-    chart(results, out / "bench.png",
-          f"lance_ray vs lancedb.streaming vs Lance's limits\n{args.rows:,} rows, dim {DIM}, "
-          f"batch {BATCH}, {SPLITS} splits, {os.cpu_count()} CPUs")
+    if any(r["config"]["table"] == "small" and "error" not in r for r in results):
+        chart(results, out / "bench.png",
+              f"lance_ray vs lancedb.streaming vs Lance's limits\n{args.rows:,} rows, dim {DIM}, "
+              f"batch {BATCH}, {SPLITS} splits, {os.cpu_count()} CPUs")
     print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'} in {total:.0f}s")
 

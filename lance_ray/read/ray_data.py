@@ -128,9 +128,12 @@ class RayDataReader:
         if self.transform is not None:
             from ray.data import TaskPoolStrategy
 
+            # The same remote args as the reads: the stage fuses with them into one task,
+            # placed where ray_remote_args say (e.g. on CPU-only nodes).
             ds = ds.map_batches(_TransformStage(self.transform), batch_format="pyarrow",
                                 batch_size=None, zero_copy_batch=True,
-                                compute=TaskPoolStrategy(size=self.transform_tasks))
+                                compute=TaskPoolStrategy(size=self.transform_tasks),
+                                **self.ray_remote_args)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
         return ds

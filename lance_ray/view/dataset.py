@@ -90,7 +90,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             credentials are never pickled or logged.
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
             (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
-        ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
+        ray_remote_args: extra arguments for the Ray Data read and transform tasks (e.g.
+            ``num_cpus``, or ``resources`` that only chosen nodes have).
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
