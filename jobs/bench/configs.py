@@ -30,6 +30,7 @@ WARM_BATCHES = 16
 
 
 WARM_FILTER = f"id < {2 * TAKE_ROWS}"  # the warm-up table of the Ray paths
+WIDE_WARM_FILTER = "id < 512"  # the same for the wide table (32 MB of 64 KB rows)
 
 
 FRACTIONS = (0.5, 0.9)
@@ -49,7 +50,7 @@ class Config:
     label: str
     kind: str  # lance_ray | reference | ray_data | limit
     shuffle: str  # full | clump | none
-    table: str = "small"  # small | big
+    table: str = "small"  # small | big | wide
     reader: str = "ray"
     loader_workers: int | None = None  # None: iter_batches; else StreamingDataLoader workers
     limit: str | None = None  # take_random | take_clump | scan | transform
@@ -66,7 +67,7 @@ class Config:
             self.kind == "lance_ray" and self.reader == "ray" and not self.loader_workers))
 
 
-def configurations(include_big: bool) -> list[Config]:
+def configurations(include_big: bool, include_wide: bool = False) -> list[Config]:
     out = [
         Config("limit-take", f"Lance sorted take, random ids, {TAKE_ROWS}/call", "limit",
                "full", limit="take_random"),
@@ -98,6 +99,15 @@ def configurations(include_big: bool) -> list[Config]:
                    table="big", reader="ray"),
             Config("big-reference-full", "lancedb.streaming + DataLoader(nw=0)", "reference",
                    "full", table="big"),
+        ]
+    if include_wide:
+        out += [
+            Config("wide-reference-full", "lancedb.streaming + DataLoader(nw=0)", "reference",
+                   "full", table="wide"),
+            Config("wide-batch-local-full", "lance_ray iter_batches (local)", "lance_ray",
+                   "full", table="wide", reader="local"),
+            Config("wide-batch-ray-full", "lance_ray iter_batches (ray)", "lance_ray", "full",
+                   table="wide", reader="ray"),
         ]
     return out
 

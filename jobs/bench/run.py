@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..cold_start import measure as measure_cold
 from .configs import (
     BATCH,
     CLUMP,
@@ -25,12 +26,15 @@ from .configs import (
     SEED,
     SPLITS,
     TAKE_ROWS,
+    WIDE_WARM_FILTER,
     Config,
     configurations,
 )
 from .memory import TreeSampler, tree_rss_mb
 from .report import analyse, chart, fmt_rate, print_report
 from .transform_runs import transform_configurations, transform_report
+
+TABLE_NAMES = {"small": "bench", "big": "bench_big", "wide": "wide"}
 
 
 def start_ray() -> str:
@@ -120,6 +124,11 @@ def main() -> None:
                    help="cap on one timed epoch; a capped epoch is measured over its part")
     p.add_argument("--big-seconds", type=float, default=25.0,
                    help="iteration time cap of the one pass at --big-rows")
+    p.add_argument("--wide-rows", type=int, default=40_000,
+                   help="rows of the wide table (0: skip the wide-row configurations)")
+    p.add_argument("--wide-bytes", type=int, default=65_536, help="bytes per wide row")
+    p.add_argument("--cold-trials", type=int, default=3,
+                   help="fresh processes per loader for the no-cluster cold start (0: skip)")
     p.add_argument("--only", default="", help="comma-separated configuration names, or "
                    "'transforms' for the transform cases")
     args = p.parse_args()
@@ -135,15 +144,19 @@ def main() -> None:
     # Tables are written by a subprocess: this process stays small and never touches Lance
     # (forking after Lance has started its threads is unsafe), it only starts Ray.
     wanted = set(args.only.split(",")) if args.only else set()
-    tables: dict[str, Any] = {"small": None, "big": None}
-    if wanted != {"transforms"}:
+    only_transforms = wanted == {"transforms"}
+    tables: dict[str, Any] = {"small": None, "big": None, "wide": None}
+    if not only_transforms:
         tables_json = out / "tables.json"
         subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db), str(args.rows),
-                        str(args.big_rows), str(args.fragments), str(tables_json)],
+                        str(args.big_rows), str(args.fragments), str(tables_json),
+                        str(args.wide_rows), str(args.wide_bytes)],
                        check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
         tables = json.loads(tables_json.read_text())
     small, big = tables["small"], tables["big"]
-    configs = configurations(include_big=big is not None) + transform_configurations()
+    wide = tables["wide"]
+    configs = configurations(include_big=big is not None, include_wide=wide is not None) \
+        + transform_configurations()
     if wanted:
         configs = [c for c in configs if c.name in wanted
                    or ("transforms" in wanted and c.transform)]
@@ -158,16 +171,17 @@ def main() -> None:
     ray_address = start_ray() if any(c.needs_ray for c in configs) else None
     results = []
     for i, cfg in enumerate(configs, 1):
-        tbl = {"small": small, "big": big}.get(cfg.table) or tables[cfg.table]
+        tbl = tables[cfg.table]
         assert tbl is not None
         print(f"[{i:>2}/{len(configs)}] {cfg.name}: {cfg.label}, shuffle {cfg.shuffle}, "
               f"{tbl['rows']:,} rows  (t+{time.monotonic() - started:.0f}s)", flush=True)
-        spec = {"db": str(db), "table_name": {"small": "bench", "big": "bench_big"}.get(
-                    cfg.table, cfg.table),
+        spec = {"db": str(db), "table_name": TABLE_NAMES.get(cfg.table, cfg.table),
                 "uri": tbl["uri"], "rows": tbl["rows"],
-                "repeats": args.repeats if cfg.table != "big" else 1,
+                "repeats": {"big": 1, "wide": 2}.get(cfg.table, args.repeats),
                 "warm_up": cfg.table != "big",
-                "max_seconds": args.max_seconds if cfg.table != "big" else args.big_seconds}
+                "max_seconds": args.big_seconds if cfg.table == "big" else args.max_seconds}
+        if cfg.table == "wide":
+            spec["warm_filter"] = WIDE_WARM_FILTER
         r = run_child(cfg, spec, out, timeout=max(180.0, 8 * args.max_seconds),
                       ray_address=ray_address)
         results.append(r)
@@ -179,7 +193,13 @@ def main() -> None:
         import ray
 
         ray.shutdown()
-    analysis = analyse(results)
+    cold = None
+    if args.cold_trials and not only_transforms:
+        print("cold start: fresh processes, no Ray connected (reference, lance_ray default)",
+              flush=True)
+        cold = measure_cold(str(db), TABLE_NAMES["small"], ["reference", "default"],
+                            args.cold_trials)
+    analysis = analyse(results, cold)
     total = time.monotonic() - started
     notes = []
     if any(not r.get("complete", True) for r in results if r["config"]["table"] == "small"):
@@ -203,21 +223,22 @@ def main() -> None:
                      "again with multiprocessing_context='forkserver'")
     notes.append(f"timings are noisy on a shared 2-core machine; total run {total:.0f}s"
                  + (" (OVER the 10-minute budget)" if total > 600 else ""))
+    lines: list[str] = []
     if any(c.transform for c in configs):
         lines, analysis["transform_targets"] = transform_report(results)
         notes.append("transforms: " + " / ".join(
             f"{name} {t['rows']:,} rows" for name, t in tables.items()
-            if name not in ("small", "big")) + "; the CPU-only nodes of the scaling rows are "
-            "simulated on this machine's cores (ray.cluster_utils), so they show placement, "
-            "not added hardware")
-    else:
-        lines = []
+            if t and name not in ("small", "big", "wide")) + "; the CPU-only nodes of the "
+            "scaling rows are simulated on this machine's cores (ray.cluster_utils), so they "
+            "show placement, not added hardware")
     print_report(results, analysis, args, notes)
-    print("\n" + "\n".join(lines) if lines else "")
+    if lines:
+        print("\n" + "\n".join(lines))
     meta = {"rows": args.rows, "big_rows": args.big_rows, "repeats": args.repeats, "dim": DIM,
             "batch_size": BATCH, "num_splits": SPLITS, "clump": CLUMP, "seed": SEED,
             "take_rows": TAKE_ROWS, "max_seconds": args.max_seconds,
-            "big_seconds": args.big_seconds, "tables": {"small": small, "big": big},
+            "big_seconds": args.big_seconds,
+            "tables": {"small": small, "big": big, "wide": wide},
             "git": git_state(), "python": platform.python_version(),
             "cpus": os.cpu_count(), "total_s": total,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - total))}

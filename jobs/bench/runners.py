@@ -158,7 +158,8 @@ def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = Non
 
     return Runner(make_lr, lambda b: len(b["id"]), epoch_rows, ids=lambda b: int(b["id"].sum()),
                   state=lambda holder: holder.state_dict(),
-                  warm=(lambda state: make_lr(state, WARM_FILTER)) if cfg.needs_ray else None)
+                  warm=(lambda state: make_lr(state, spec.get("warm_filter", WARM_FILTER)))
+                  if cfg.needs_ray else None)
 
 
 def limit_runner(uri: str, which: str) -> Runner:

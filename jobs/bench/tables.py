@@ -1,6 +1,6 @@
 """The benchmark's tables, created (or reused) in a subprocess so the driver never opens Lance.
 
-    python -m jobs.bench.tables OUT ROWS BIG_ROWS FRAGMENTS RESULT.json
+    python -m jobs.bench.tables OUT ROWS BIG_ROWS FRAGMENTS RESULT.json WIDE_ROWS WIDE_BYTES
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from .configs import (
     DIM,
 )
+from .wide import ensure_wide_table
 
 
 def ensure_table(db: Path, name: str, rows: int, fragments: int) -> dict[str, Any]:
@@ -45,11 +46,14 @@ def ensure_table(db: Path, name: str, rows: int, fragments: int) -> dict[str, An
 
 
 def main(argv: list[str]) -> None:
-    """Write ``{"small": info, "big": info or None}`` of the ensured tables to RESULT."""
-    db, rows, big_rows, fragments, result = argv
+    """Write ``{"small": info, "big": info or None, "wide": info or None}`` of the ensured
+    tables to RESULT."""
+    db, rows, big_rows, fragments, result, wide_rows, wide_bytes = argv
     tables = {"small": ensure_table(Path(db), "bench", int(rows), int(fragments)),
               "big": ensure_table(Path(db), "bench_big", int(big_rows), int(fragments))
-              if int(big_rows) else None}
+              if int(big_rows) else None,
+              "wide": ensure_wide_table(Path(db), "wide", int(wide_rows), int(wide_bytes))
+              if int(wide_rows) else None}
     Path(result).write_text(json.dumps(tables))
 
 

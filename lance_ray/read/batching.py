@@ -17,7 +17,7 @@ from ..plan.splits import SplitPlan
 from ..stream.order import RankStream
 from .convert import Columns, concat
 from .items import ItemColumns, as_items
-from .requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, read_sizes
+from .requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, ReadSizing
 from .transform import delivered
 
 
@@ -43,13 +43,13 @@ def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: 
 
 
 def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, int]],
-                 chunk_rows: int) -> Iterator[ChunkRequest]:
-    """Read requests covering ``ranges`` of the stream, in order, each of ``read_sizes`` rows
-    (the last may be short); a request packs several ranges when they are short.
+                 sizing: ReadSizing) -> Iterator[ChunkRequest]:
+    """Read requests covering ``ranges`` of the stream, in order, each of ``sizing.sizes()``
+    rows (the last may be short); a request packs several ranges when they are short.
 
     Lazy, one request at a time: the row ids of a whole epoch are never materialised at once.
     """
-    sizes = read_sizes(chunk_rows)
+    sizes = sizing.sizes()
     spans: list[tuple[int, int]] = []
     room = next(sizes)
     for lo, hi in ranges:

@@ -6,8 +6,10 @@ have that form, see ``items``); the streaming executor gives prefetch and
 backpressure, and read tasks can run on any node of the cluster. The output (an ordered
 stream of ``ChunkResult``) is the same as ``local.LocalReader``'s.
 
-Reads grow from ``FIRST_READ_ROWS`` to the view's read size, and for the tensor batch path
-each read is converted to ``convert.Columns`` once, off the consumer's thread.
+Reads grow to the view's read size (``requests.ReadSizing``: a byte target, bounded in rows),
+so each read task yields one block under the target; the pipeline's object store memory is
+capped at the sizing's in-flight budget. For the tensor batch path each read is converted to
+``convert.Columns`` once, off the consumer's thread.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import pyarrow as pa
 from ..plan.table import TableRef
 from .convert import to_columns
 from .items import from_arrow, to_arrow
-from .local import ahead
-from .requests import ChunkRequest, ChunkResult, ReadCost, span_results
+from .local import Held, ahead
+from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_in_order
 from .transform import TransformPolicy, portable_items
 
@@ -43,11 +45,17 @@ def _datasource_cls() -> type:
     class PlannedTakeDatasource(Datasource):
         """One read task per planned chunk; each task returns its rows in plan order."""
 
-        def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest]):
+        def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
+                     sizing: ReadSizing | None = None):
             self._table, self._columns, self._chunks = table, columns, chunks
+            self._sizing = sizing
+
+        def _nbytes(self, rows: int) -> int | None:
+            sizing = self._sizing
+            return None if sizing is None or sizing.row_bytes is None else sizing.nbytes(rows)
 
         def estimate_inmemory_data_size(self) -> int | None:
-            return None
+            return self._nbytes(sum(len(c.row_ids) for c in self._chunks))
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[ReadTask]:
@@ -68,7 +76,8 @@ def _datasource_cls() -> type:
                     out = out.append_column(name, _first_row(value, batch.num_rows))
                 yield out
 
-            meta = BlockMetadata(num_rows=len(chunk.row_ids), size_bytes=None,
+            meta = BlockMetadata(num_rows=len(chunk.row_ids),
+                                 size_bytes=self._nbytes(len(chunk.row_ids)),
                                  exec_stats=None, input_files=None)
             return ReadTask(read, meta)
 
@@ -111,9 +120,11 @@ class RayDataReader:
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None,
-                 transform_tasks: int | None = None):
+                 transform_tasks: int | None = None, sizing: ReadSizing | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors = as_tensors
+        self.sizing = sizing
+        self.held = Held()  # blocks received, being converted or waiting for the consumer
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = dict(ray_remote_args or {})
         self.transform_tasks = transform_tasks
@@ -122,7 +133,7 @@ class RayDataReader:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
         import ray.data
 
-        source = _datasource_cls()(self.table, self.columns, requests)
+        source = _datasource_cls()(self.table, self.columns, requests, self.sizing)
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:
@@ -136,6 +147,12 @@ class RayDataReader:
                                 **self.ray_remote_args)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
+        if self.sizing is not None and self.sizing.row_bytes is not None:
+            # Blocks in flight (read, waiting for the transform or the consumer) within the
+            # budget; Ray Data still runs one task per operator when a block exceeds it.
+            limits = ds.context.execution_options.resource_limits
+            ds.context.execution_options.resource_limits = limits.copy(
+                object_store_memory=self.sizing.budget_bytes)
         return ds
 
     def _chunk(self, block: pa.Table) -> list[ChunkResult]:
@@ -162,8 +179,10 @@ class RayDataReader:
             return
         blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
                                                  prefetch_batches=self.prefetch_batches)
+        budget = None if self.sizing is None else self.sizing.budget_bytes
         for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
-                             self.prefetch_batches):
+                             self.prefetch_batches, cost=lambda b: b.nbytes, budget=budget,
+                             held=self.held):
             yield from results
 
 

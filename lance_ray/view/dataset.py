@@ -30,16 +30,16 @@ from .compat import (
     reference_options,
     worker_share,
 )
+from .readers import choose_reader, read_sizing
 from .reading import Reading, leased
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
 
-# Large reads: a Ray read task and a Lance take each cost a fixed overhead, and denser row
-# ids share pages (measured on 200k rows, full shuffle, local reader: 65536-row reads give
-# 2.8x the rows/s of 16384-row ones). Reads start small (read.FIRST_READ_ROWS) and grow.
+# An upper bound: reads are sized by bytes (read.requests.ReadSizing) up to this many rows
+# (measured on 200k narrow rows, full shuffle, local reader: 65536-row reads give 2.8x the
+# rows/s of 16384-row ones).
 DEFAULT_READ_BATCH_SIZE = 65536
-READERS = ("ray", "local")
 
 
 class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
@@ -54,8 +54,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
     Differences that matter:
 
     * Reads (and ``transform``) run in an order-preserving Ray Data pipeline
-      (``reader="ray"``, the default) with prefetch and backpressure; ``reader="local"``
-      reads in-process.
+      (``reader="ray"``; the default ``"auto"`` when Ray is connected) with prefetch and
+      backpressure; ``reader="local"`` reads in-process.
     * ``iter_batches`` yields whole batches as tensors, checkpointable at every batch.
     * ``set_epoch`` moves to the next epoch's plan; iterating after an epoch is exhausted
       starts the next epoch (logged) instead of silently yielding nothing.
@@ -80,11 +80,13 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             it for synchronous DDP); ``"fill"`` delivers ``fill_value`` instead. Failing
             batches are retried row by row: keep transforms deterministic. The policy (and
             a callable) runs in the consuming process.
-        read_batch_size: most rows per read (one sorted Lance take, one Ray read task);
-            reads grow to it from 4096 rows. Lower it for wide rows (images): a read holds
-            ``read_batch_size`` rows in memory, ``prefetch_batches`` reads ahead.
-        prefetch_batches: read chunks kept in flight ahead of the consumer.
-        reader: ``"ray"`` or ``"local"``.
+        read_batch_size: most rows per read (one sorted Lance read, one Ray read task).
+        read_bytes: bytes per read (default 16 MB), from the columns' row width: reads
+            grow to it (at most ``read_batch_size`` rows) from 4 MB (at most 4096 rows).
+        prefetch_batches: reads kept in flight ahead of the consumer, and
+        prefetch_bytes: at most this many bytes of them (default 128 MB).
+        reader: ``"auto"`` (default: ``"ray"`` when this process is connected to a Ray
+            cluster, else ``"local"``; never starts Ray), ``"ray"`` or ``"local"``.
         table_version: pin this table version (default: the table's current version).
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
@@ -120,7 +122,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         shuffle_clump_size: int | None = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
         prefetch_batches: int | None = None,
-        reader: str = "ray",
+        reader: str = "auto",
+        read_bytes: int | None = None,
+        prefetch_bytes: int | None = None,
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
@@ -146,6 +150,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
                                 table_version=table_version, storage_options=storage_options,
                                 connection_factory=connection_factory)
         table_ref, spec = resolved.table, resolved.spec
+        reader = choose_reader(reader)
         if reader == "ray":
             table_ref.check_shippable()  # now, not in the first read task
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
@@ -156,7 +161,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
                         world_size=world_size, columns=columns,
                         transform=make_policy(transform, on_transform_error, fill_value),
                         read_batch_size=read_batch_size, prefetch_batches=prefetch_batches,
-                        reader=reader, ray_remote_args=ray_remote_args, options=options)
+                        reader=reader, ray_remote_args=ray_remote_args, options=options,
+                        read_bytes=read_bytes, prefetch_bytes=prefetch_bytes)
 
     @classmethod
     def from_coordinator(
@@ -172,7 +178,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         fill_value: Any = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
         prefetch_batches: int = 2,
-        reader: str = "ray",
+        reader: str = "auto",
         ray_remote_args: dict[str, Any] | None = None,
     ) -> StreamingDataset:
         """A view for ``(rank, world_size)`` attached to the coordinator actor ``name``.
@@ -201,22 +207,21 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
                    world_size: int, columns: list[str] | None,
                    transform: TransformPolicy | None,
                    read_batch_size: int, prefetch_batches: int, reader: str,
-                   ray_remote_args: dict[str, Any] | None, options: ReferenceOptions) -> None:
+                   ray_remote_args: dict[str, Any] | None, options: ReferenceOptions,
+                   read_bytes: int | None = None, prefetch_bytes: int | None = None) -> None:
         positive_int("world_size", world_size)
         if not isinstance(rank, int) or isinstance(rank, bool):
             raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
         self._owned = rank_splits(rank, world_size, spec.num_splits)
-        positive_int("read_batch_size", read_batch_size)
         positive_int("prefetch_batches", prefetch_batches)
-        if reader not in READERS:
-            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+        self._reader_kind = choose_reader(reader)
         self._table = table
         self._columns = check_columns(table, columns)
+        self._sizing = read_sizing(table, self._columns, read_batch_size, read_bytes,
+                                   prefetch_bytes)
         self._rank, self._world_size = rank, world_size
         self._transform = transform
-        self._read_batch_size = read_batch_size
         self._prefetch_batches = prefetch_batches
-        self._reader_kind = reader
         self._ray_remote_args = ray_remote_args
         self._plans = plans
         self._options = options

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..read.batching import collate
-from ..read.requests import FIRST_READ_ROWS, NO_COST, ChunkResult, ReadCost
+from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.transform import portable_items
 from ..stream.order import RankStream
 from .dataset import StreamingDataset
@@ -160,7 +160,7 @@ class StreamingDataLoader(DataLoader):
         stream, generation = dataset._begin(lease[0])
         self._source.stream = stream  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
-        self._source.group = max(1, FIRST_READ_ROWS // self._batch_size_samples
+        self._source.group = max(1, dataset._sizing.first_rows // self._batch_size_samples
                                  ) if self.num_workers else 1
         dataset._gauge.requested = dataset._gauge.total  # the workers hold the whole plan
         inner = super().__iter__()
