@@ -53,15 +53,18 @@ class Config:
     table: str = "small"  # small | big | wide
     reader: str = "ray"
     loader_workers: int | None = None  # None: iter_batches; else StreamingDataLoader workers
-    limit: str | None = None  # take_random | take_clump | scan
+    limit: str | None = None  # take_random | take_clump | scan | transform
     resume: bool = False
+    transform: str | None = None  # image | tokens (jobs.bench.transforms)
+    nodes: int = 0  # simulated CPU-only nodes of a cluster of the configuration's own
 
     @property
     def needs_ray(self) -> bool:
+        """Whether it runs on the driver's shared local Ray."""
         # A StreamingDataLoader with workers reads in its workers (no Ray); with
         # num_workers=0 it reads through the dataset's reader, like iter_batches.
-        return self.kind == "ray_data" or (self.kind == "lance_ray" and self.reader == "ray"
-                                           and not self.loader_workers)
+        return not self.nodes and (self.kind == "ray_data" or (
+            self.kind == "lance_ray" and self.reader == "ray" and not self.loader_workers))
 
 
 def configurations(include_big: bool, include_wide: bool = False) -> list[Config]:

@@ -105,6 +105,10 @@ def timed_pass(runner: Runner, *, state: dict | None = None,
 
 
 def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None) -> Runner:
+    if cfg.transform:
+        from .transform_runs import transform_runner
+
+        return transform_runner(spec, cfg, mp_context)
     clump = SHUFFLES.get(cfg.shuffle)
     rows = spec["rows"]
     epoch_rows = rows - rows % SPLITS

@@ -16,6 +16,7 @@ import numpy as np
 from ..plan.splits import SplitPlan
 from ..stream.order import RankStream
 from .convert import Columns, concat
+from .items import ItemColumns, as_items
 from .requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, ReadSizing
 from .transform import delivered
 
@@ -27,7 +28,7 @@ class Batch:
     index: int
     start: int
     size: int
-    payload: Any  # Columns (tensors), a pyarrow.RecordBatch, or transformed items
+    payload: Any  # Columns (tensors), a pyarrow.RecordBatch, or items (ItemColumns or a list)
     cost: ReadCost = NO_COST  # of the reads that arrived while this batch was completed
 
 
@@ -114,8 +115,12 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
 
 
 def _join(parts: list[Any]) -> Any:
-    if isinstance(parts[0], list):
-        return [x for p in parts for x in p]
+    if all(isinstance(p, ItemColumns) for p in parts):
+        joined = ItemColumns.concat(parts)
+        if joined is not None:
+            return joined
+    if isinstance(parts[0], (list, ItemColumns)):  # items, some reads' perhaps as columns
+        return [x for p in parts for x in as_items(p)]
     if isinstance(parts[0], Columns):
         return Columns.concat(parts)
     return concat(parts)
@@ -137,7 +142,9 @@ def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
 
             return default_collate(kept), skipped
         return collate_fn(kept), skipped
+    if isinstance(payload, ItemColumns):  # no failed rows: nothing skipped
+        return (payload.collated() if collate_fn is None else collate_fn(payload.items())), 0
     if isinstance(payload, Columns):
-        return payload.data, 0
+        return payload.batch(), 0
     assert collate_fn is not None, "Arrow payloads are read only for a collate_fn"
     return collate_fn(payload.to_pylist()), 0

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ..plan.table import TableRef
 from .convert import to_columns
+from .items import note_objects
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_sorted
 from .transform import TransformPolicy
@@ -102,7 +103,8 @@ class LocalReader:
         else:
             payload = batch if inverse is None else batch.take(pa.array(inverse))
             if self.transform is not None:
-                payload = self.transform(payload)
+                payload, why = self.transform.columns(payload)
+                note_objects(why)
         cost = ReadCost(batch.nbytes, read - started, time.perf_counter() - read)
         return span_results(req.spans, payload, cost)
 

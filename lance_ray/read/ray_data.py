@@ -1,7 +1,8 @@
 """The Ray Data reader: planned reads as an order-preserving Ray Data pipeline.
 
 A custom ``Datasource`` turns each read request into one read task; the user's transform
-runs as a ``map_batches`` stage in Ray tasks; the streaming executor gives prefetch and
+runs as a ``map_batches`` stage in Ray tasks (its items travel as tensor columns where they
+have that form, see ``items``); the streaming executor gives prefetch and
 backpressure, and read tasks can run on any node of the cluster. The output (an ordered
 stream of ``ChunkResult``) is the same as ``local.LocalReader``'s.
 
@@ -25,6 +26,7 @@ import pyarrow as pa
 
 from ..plan.table import TableRef
 from .convert import to_columns
+from .items import from_arrow, to_arrow
 from .local import Held, ahead
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_in_order
@@ -33,7 +35,6 @@ from .transform import TransformPolicy, portable_items
 logger = logging.getLogger(__name__)
 
 SEQ_COLUMN = "__lance_ray_seq"
-ITEM_COLUMN = "__lance_ray_item"
 # A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
 COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
@@ -86,22 +87,28 @@ def _datasource_cls() -> type:
 
 
 class _TransformStage:
-    """The ``map_batches`` function: user transform, items kept as an object column."""
+    """The ``map_batches`` function: the user's transform, its items as Arrow columns (one
+    stacked tensor per leaf, see ``items``), or one pickle per row when they have no
+    tensor form."""
 
     def __init__(self, transform: TransformPolicy):
         self.transform = transform
 
-    def __call__(self, table: pa.Table) -> dict[str, np.ndarray]:
+    def __call__(self, table: pa.Table) -> pa.Table:
         data = table.drop_columns(list(INTERNAL_COLUMNS)).combine_chunks()
         batch = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist(
             [], schema=data.schema)
         started = time.perf_counter()
-        items = np.empty(batch.num_rows, dtype=object)
-        # Failures travel as data (Ray would wrap a raised exception and lose its type).
-        items[:] = portable_items(self.transform(batch))
-        out = {ITEM_COLUMN: items, **{c: table.column(c).to_numpy() for c in INTERNAL_COLUMNS}}
-        out[COST_COLUMNS[2]] = out[COST_COLUMNS[2]] + _first_row(
-            time.perf_counter() - started, batch.num_rows).to_numpy()
+        payload, why = self.transform.columns(batch)
+        if isinstance(payload, list):
+            # Failures travel as data (Ray would wrap a raised exception and lose its type).
+            payload = portable_items(payload)
+        out = to_arrow(payload, why)
+        spent = _first_row(time.perf_counter() - started, batch.num_rows).to_numpy()
+        for name in INTERNAL_COLUMNS:
+            col = table.column(name).to_numpy()
+            out = out.append_column(name, pa.array(col + spent if name == COST_COLUMNS[2]
+                                                   else col))
         return out
 
 
@@ -134,9 +141,12 @@ class RayDataReader:
         if self.transform is not None:
             from ray.data import TaskPoolStrategy
 
+            # The same remote args as the reads: the stage fuses with them into one task,
+            # placed where ray_remote_args say (e.g. on CPU-only nodes).
             ds = ds.map_batches(_TransformStage(self.transform), batch_format="pyarrow",
                                 batch_size=None, zero_copy_batch=True,
-                                compute=TaskPoolStrategy(size=self.transform_tasks))
+                                compute=TaskPoolStrategy(size=self.transform_tasks),
+                                **self.ray_remote_args)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
         return ds
@@ -149,13 +159,13 @@ class RayDataReader:
         nbytes, fetch_s, transform_s = (block.column(c).to_numpy().sum() for c in COST_COLUMNS)
         started = time.perf_counter()
         payload: Any
+        data = block.drop_columns(list(INTERNAL_COLUMNS))
         if self.transform is not None:
-            payload = block.column(ITEM_COLUMN).to_pylist()
+            payload = from_arrow(data)
         else:
-            data = block.drop_columns(list(INTERNAL_COLUMNS))
             payload = to_columns(data) if self.as_tensors else data.combine_chunks(
                 ).to_batches()[0]
-        convert_s = time.perf_counter() - started if self.transform is None else 0.0
+        convert_s = time.perf_counter() - started
         return span_results(spans, payload, ReadCost(int(nbytes), float(fetch_s),
                                                      float(transform_s) + convert_s))
 

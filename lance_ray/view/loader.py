@@ -80,8 +80,10 @@ class StreamingDataLoader(DataLoader):
     fork-safe); each opens the table itself.
 
     Without a transform and without ``collate_fn`` a batch is ``{column: tensor}`` built
-    from Arrow (fixed-size list columns become 2-D tensors); otherwise ``collate_fn``
-    (default torch's ``default_collate``) collates the batch's items.
+    from Arrow, as ``StreamingDataset.iter_batches`` gives it (fixed-size list columns
+    become 2-D tensors, list and binary columns ``{"values", "offsets", "valid"}``);
+    otherwise ``collate_fn`` (default torch's ``default_collate``) collates the batch's
+    items, in the worker.
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,

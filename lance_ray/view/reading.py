@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from torch.utils.data import get_worker_info
 
 from ..read.batching import Batch, assemble, collate, requests_for, selected_batches
+from ..read.items import as_items
 from ..read.local import LocalReader
 from ..read.ray_data import RayDataReader
 from ..read.requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, ReadSizing
@@ -169,7 +170,7 @@ class Reading:
             splits, positions = rows.slice(chunk.seq, chunk.seq + len(chunk))
             before = order.dropped
             for split, position, item in zip(splits.tolist(), positions.tolist(),
-                                             chunk.payload):
+                                             as_items(chunk.payload)):
                 order.feed(split, position, item, isinstance(item, Failed))
             dropped = order.dropped - before
             self._gauge.taken += dropped
@@ -295,9 +296,9 @@ class Reading:
             cost = batch.cost
             if isinstance(batch.payload, list):
                 rows = batch.payload
-            else:  # Arrow to Python rows here, on the consumer's thread: book it as such
+            else:  # columns to items here, on the consumer's thread: book it as such
                 started = time.perf_counter()
-                rows = batch.payload.to_pylist()
+                rows = as_items(batch.payload)
                 cost = cost + ReadCost(0, 0.0, time.perf_counter() - started)
             for i, row in enumerate(rows):
                 self._check_generation(generation)
