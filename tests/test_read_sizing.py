@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import lancedb
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lancedb import streaming as reference
 
 import lance_ray
 from jobs.bench.wide import ensure_wide_table
+from lance_ray.read.convert import gather_rows
 from lance_ray.view import reading
 
 ROW = 1 << 20  # 1 MB of random bytes per row
@@ -89,3 +93,17 @@ def test_the_width_estimate_follows_the_columns_read(wide_table):
     narrow = lance_ray.StreamingDataset(wide_table, reader="local", columns=["id", "label"])
     assert narrow._sizing.row_bytes == 16
     assert narrow._sizing.steady_rows == narrow._sizing.max_rows  # bounded by rows, not bytes
+
+
+@settings(deadline=None, max_examples=80)
+@given(lengths=st.lists(st.integers(0, 700), min_size=1, max_size=40), seed=st.integers(0, 9),
+       inner=st.sampled_from([None, 3]))
+def test_rows_gathered_slice_by_slice_equal_the_element_gather(lengths, seed, inner):
+    shape = (sum(lengths),) if inner is None else (sum(lengths), inner)
+    values = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    starts, lens = starts[order], np.asarray(lengths, dtype=np.int64)[order]
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    want = np.concatenate([values[s : s + n] for s, n in zip(starts, lens)])
+    assert np.array_equal(gather_rows(values, starts, lens, offsets), want)

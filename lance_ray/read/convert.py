@@ -110,8 +110,27 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
     if order is None and not col.null_count:
         out = values[off[0] : off[-1]].copy()
     else:
-        out = values[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])]
+        out = gather_rows(values, starts, lengths, offsets)
     return Ragged(torch.from_numpy(out), torch.from_numpy(offsets), torch.from_numpy(valid))
+
+
+# Rows at least this long (in elements) are gathered one slice (memcpy) per row: an index of
+# every element costs 8 bytes and a lookup per element (a 16 MB read of 64 KB rows took 10x
+# longer and 9x its size in memory that way).
+SLICED_ROW_ELEMENTS = 256
+
+
+def gather_rows(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                offsets: np.ndarray) -> np.ndarray:
+    """``values[starts[i] : starts[i] + lengths[i]]`` for every row ``i``, concatenated
+    (``offsets``: the rows' places in the output)."""
+    total = int(offsets[-1])
+    if total < SLICED_ROW_ELEMENTS * len(lengths):
+        return values[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)]
+    out = np.empty((total, *values.shape[1:]), dtype=values.dtype)
+    for start, at, length in zip(starts.tolist(), offsets[:-1].tolist(), lengths.tolist()):
+        out[at : at + length] = values[start : start + length]
+    return out
 
 
 @dataclass
