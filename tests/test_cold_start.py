@@ -25,13 +25,12 @@ batches = ds.iter_batches(32)
 ids = [i for _ in range(3) for i in next(batches)["id"].tolist()]
 state = ds.state_dict()
 ids += [i for b in batches for i in b["id"].tolist()]
-ray = sys.modules.get("ray")
 print(json.dumps({"ids": ids, "state": state, "reader": ds._reader_kind,
-                  "ray_started": ray is not None and ray.is_initialized()}))
+                  "ray_imported": "ray" in sys.modules}))
 """
 
 
-def test_with_no_cluster_connected_the_default_reader_reads_locally_and_starts_no_ray(
+def test_with_no_cluster_connected_the_default_reader_reads_locally_and_never_imports_ray(
         table_1k):
     db = os.path.dirname(table_1k.to_lance().uri.rstrip("/"))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -39,7 +38,8 @@ def test_with_no_cluster_connected_the_default_reader_reads_locally_and_starts_n
     out = subprocess.run([sys.executable, "-c", CHILD, db], env=env, capture_output=True,
                          text=True, timeout=300, check=True)
     fresh = json.loads(out.stdout.strip().splitlines()[-1])
-    assert fresh["reader"] == "local" and not fresh["ray_started"]
+    assert fresh["reader"] == "local"
+    assert not fresh["ray_imported"]  # not even imported (1-3 s of a cold start here)
     # The same sequence and the same state as an explicit local reader in this process.
     ds = lance_ray.StreamingDataset(table_1k, num_splits=4, shuffle_seed=5,
                                     shuffle_clump_size=4, reader="local")
