@@ -36,9 +36,7 @@ from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
 
-# An upper bound: reads are sized by bytes (read.requests.ReadSizing) up to this many rows
-# (measured on 200k narrow rows, full shuffle, local reader: 65536-row reads give 2.8x the
-# rows/s of 16384-row ones).
+# Reads are sized by bytes (read.requests.ReadSizing), at most this many rows.
 DEFAULT_READ_BATCH_SIZE = 65536
 
 
@@ -80,11 +78,10 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             it for synchronous DDP); ``"fill"`` delivers ``fill_value`` instead. Failing
             batches are retried row by row: keep transforms deterministic. The policy (and
             a callable) runs in the consuming process.
-        read_batch_size: most rows per read (one sorted Lance read, one Ray read task).
-        read_bytes: bytes per read (default 16 MB), from the columns' row width: reads
-            grow to it (at most ``read_batch_size`` rows) from 4 MB (at most 4096 rows).
-        prefetch_batches: reads kept in flight ahead of the consumer, and
-        prefetch_bytes: at most this many bytes of them (default 128 MB).
+        read_bytes, read_batch_size: bytes (default 16 MB, from the row width) and most
+            rows per read; reads grow to them from 4 MB (at most 4096 rows).
+        prefetch_batches, prefetch_bytes: reads kept in flight, and most bytes of them
+            (default 128 MB).
         reader: ``"auto"`` (default: ``"ray"`` when this process is connected to a Ray
             cluster, else ``"local"``; never starts Ray), ``"ray"`` or ``"local"``.
         table_version: pin this table version (default: the table's current version).
@@ -204,8 +201,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         return self
 
     def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource, *, rank: int,
-                   world_size: int, columns: list[str] | None,
-                   transform: TransformPolicy | None,
+                   world_size: int, columns: list[str] | None, transform: TransformPolicy | None,
                    read_batch_size: int, prefetch_batches: int, reader: str,
                    ray_remote_args: dict[str, Any] | None, options: ReferenceOptions,
                    read_bytes: int | None = None, prefetch_bytes: int | None = None) -> None:
@@ -219,8 +215,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._columns = check_columns(table, columns)
         self._sizing = read_sizing(table, self._columns, read_batch_size, read_bytes,
                                    prefetch_bytes)
-        self._rank, self._world_size = rank, world_size
-        self._transform = transform
+        self._rank, self._world_size, self._transform = rank, world_size, transform
         self._prefetch_batches = prefetch_batches
         self._ray_remote_args = ray_remote_args
         self._plans = plans
