@@ -40,6 +40,7 @@ from make_table import create_table  # noqa: E402
 
 from lance_ray.coordinator.actor import Coordinator  # noqa: E402
 from lance_ray.plan.sources import CoordinatorPlans  # noqa: E402
+from lance_ray.state.ledger import RankReport  # noqa: E402
 from lance_ray.state.reporting import ReportPolicy  # noqa: E402
 from lance_ray.topology import rank_splits  # noqa: E402
 
@@ -95,7 +96,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         for rank, plans in enumerate(ranks):
             counts = [min(step, split_len)] * owned[rank]
-            plans.report(rank, args.ranks, 0, step, counts, counts)
+            plans.report(RankReport(rank, args.ranks, 0, step, tuple(counts), tuple(counts)))
         completed_at.append(time.monotonic())
     stepped = time.monotonic()
     for plans in ranks:  # a checkpoint at the last step, as every rank makes it at once
@@ -134,7 +135,7 @@ def main() -> None:
           f"{status['sealed_step']} recovered (of {args.steps})")
 
     view = coord.view(0, args.ranks, reader="local")
-    full = ray.get(handle.plan_part.remote(0, 0, splits))[0].row_ids.nbytes
+    full = ray.get(handle.plan_part.remote(0, 0, splits)).row_ids.nbytes
     print(f"plan memory: a view of 1/{args.ranks} holds {view.plan.row_ids.nbytes:,} bytes; "
           f"the full plan is {full:,} bytes ({full / view.plan.row_ids.nbytes:.0f}x)")
     coord.kill()

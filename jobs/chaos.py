@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import chaos_report  # noqa: E402
 import chaos_trainer  # noqa: E402
 from make_table import create_table  # noqa: E402
+from ranks import Rank  # noqa: E402
 
 import lance_ray  # noqa: E402
 from lance_ray.coordinator.actor import Coordinator  # noqa: E402
@@ -60,29 +61,6 @@ from lance_ray.proof.verify import CoverageReport, compare_steps, coverage  # no
 logger = logging.getLogger("chaos")
 KINDS = ("rank", "checkpoint", "coordinator", "node")
 NUM_SPLITS, GLOBAL_BATCH, CHECKPOINT_EVERY = 8, 32, 5
-
-
-@ray.remote(num_cpus=0)
-class Rank:
-    """One data-parallel rank reading its view of the coordinator's plan."""
-
-    def __init__(self, name: str, rank: int, world_size: int, state: dict | None = None,
-                 global_batch: int = GLOBAL_BATCH):
-        self.ds = lance_ray.StreamingDataset.from_coordinator(
-            name, rank=rank, world_size=world_size, reader="local", read_batch_size=128)
-        if state is not None:  # a restart resumes from its checkpoint, not the live state
-            self.ds.load_state_dict(state)
-        self.it = self.ds.iter_batches(global_batch // world_size)
-
-    def next(self) -> list[int] | None:
-        batch = next(self.it, None)
-        return None if batch is None else batch["id"].tolist()
-
-    def state(self) -> dict:
-        return self.ds.state_dict()
-
-    def node(self) -> str:
-        return ray.get_runtime_context().get_node_id()
 
 
 @dataclass
@@ -97,7 +75,8 @@ class Trial:
 
 def start_ranks(name: str, world_size: int, state: dict) -> list[Any]:
     return [Rank.options(resources={"slot": 1}, scheduling_strategy="SPREAD")
-            .remote(name, r, world_size, state) for r in range(world_size)]
+            .remote(r, world_size, GLOBAL_BATCH // world_size, coordinator=name, state=state,
+                    reader="local", read_batch_size=128) for r in range(world_size)]
 
 
 def remove_a_rank_node(cluster: Any, ranks: list[Any]) -> None:

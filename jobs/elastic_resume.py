@@ -25,6 +25,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_table import create_table  # noqa: E402
+from ranks import Rank  # noqa: E402
 
 import lance_ray  # noqa: E402
 from lance_ray.proof.verify import compare_steps, coverage  # noqa: E402
@@ -32,37 +33,17 @@ from lance_ray.proof.verify import compare_steps, coverage  # noqa: E402
 logger = logging.getLogger("demo")
 
 
-@ray.remote(num_cpus=0)
-class Rank:
-    """One data-parallel rank: a dataset view and its batch iterator."""
-
-    def __init__(self, uri: str, rank: int, world_size: int, batch_size: int, plan: dict,
-                 state: dict | None):
-        self.ds = lance_ray.StreamingDataset(uri, rank=rank, world_size=world_size,
-                                             columns=["id"], read_batch_size=512, **plan)
-        if state is not None:
-            self.ds.load_state_dict(state)
-        self.batches = self.ds.iter_batches(batch_size)
-
-    def next_batch(self) -> list[int] | None:
-        batch = next(self.batches, None)
-        return None if batch is None else batch["id"].tolist()
-
-    def state_dict(self) -> dict:
-        return self.ds.state_dict()
-
-
 def run_steps(uri: str, world_size: int, global_batch: int, plan: dict, *,
               state: dict | None = None, stop_step: int | None = None
               ) -> tuple[list[list[int]], dict | None]:
     """Step ``world_size`` ranks in lockstep; returns the global steps and, if stopped, the
     merged checkpoint."""
-    ranks = [Rank.remote(uri, r, world_size, global_batch // world_size, plan, state)
-             for r in range(world_size)]
+    ranks = [Rank.remote(r, world_size, global_batch // world_size, table=uri, plan=plan,
+                         state=state) for r in range(world_size)]
     steps: list[list[int]] = []
     started, rows = time.monotonic(), 0
     while stop_step is None or len(steps) < stop_step:
-        parts = ray.get([r.next_batch.remote() for r in ranks])
+        parts = ray.get([r.next.remote() for r in ranks])
         if all(p is None for p in parts):
             break
         step = [i for p in parts if p for i in p]
@@ -73,7 +54,7 @@ def run_steps(uri: str, world_size: int, global_batch: int, plan: dict, *,
                         rows, rows / (time.monotonic() - started))
     merged = None
     if stop_step is not None:
-        merged = lance_ray.merge_state_dicts(ray.get([r.state_dict.remote() for r in ranks]))
+        merged = lance_ray.merge_state_dicts(ray.get([r.state.remote() for r in ranks]))
     for r in ranks:
         ray.kill(r)
     return steps, merged

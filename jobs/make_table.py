@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -33,8 +34,11 @@ def synthetic_batch(lo: int, hi: int, dim: int, seed: int = 0) -> pa.Table:
 
 
 def create_table(db_path: str, name: str = "demo", *, rows: int, dim: int = 16,
-                 fragments: int = 4, overwrite: bool = True):
-    """Create (or replace) table ``name`` in the LanceDB database at ``db_path``."""
+                 fragments: int = 4, overwrite: bool = True,
+                 batch: Callable[[int, int, int], pa.Table] = synthetic_batch):
+    """Create (or replace) table ``name`` in the LanceDB database at ``db_path``: rows
+    ``batch(lo, hi, dim)`` written in ``fragments`` appends (the tests' tables pass their own
+    ``batch``)."""
     import lancedb
 
     db = lancedb.connect(db_path)
@@ -44,7 +48,7 @@ def create_table(db_path: str, name: str = "demo", *, rows: int, dim: int = 16,
     started = time.monotonic()
     table = None
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        data = synthetic_batch(int(lo), int(hi), dim)
+        data = batch(int(lo), int(hi), dim)
         table = db.create_table(name, data) if table is None else table
         if table.count_rows() < hi:
             table.add(data)

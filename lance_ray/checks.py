@@ -3,10 +3,32 @@ the argument and what it must be."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (``True`` is an int to Python, never a count to us)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
 
 def positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
     """Raise a ValueError naming ``name`` unless ``value`` is a positive int (not a bool)."""
     if value is None and allow_none:
         return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def non_negative_int(name: str, value: object) -> int:
+    """``value``, if it is an int >= 0 (not a bool); else a ValueError naming ``name``."""
+    if not is_int(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def positive_or_default(name: str, value: object) -> None:
+    """Raise unless ``value`` is None (the default) or a positive int, in the words of
+    ``lancedb.streaming``'s own checks."""
+    if value is not None and (not is_int(value) or value <= 0):
+        raise ValueError(f"{name} must be greater than 0 (or None for the default), "
+                         f"got {value!r}")

@@ -19,6 +19,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 import local_s3  # noqa: E402
+from make_table import create_table  # noqa: E402
 
 # The local S3 server's endpoint and dummy credentials go into the environment now, before
 # any Ray node starts, so every Ray worker (actors, train workers) sees them too; the server
@@ -45,23 +46,43 @@ def wait_sealed(coord: Any, step: int, timeout: float = 20.0) -> dict:
     raise AssertionError(f"step {step} never sealed: {coord.status()}")
 
 
+def id_rows(lo: int, hi: int, dim: int) -> pa.Table:
+    """Rows ``lo .. hi-1`` whose every value tells its row id: id, x = id / 2, v = [id] * dim."""
+    ids = np.arange(lo, hi, dtype=np.int64)
+    return pa.table({
+        "id": ids,
+        "x": ids.astype(np.float32) / 2,
+        "v": pa.FixedSizeListArray.from_arrays(
+            pa.array(np.repeat(ids, dim).astype(np.float32)), dim),
+    })
+
+
 def write_table(path: str, n: int, *, fragments: int = 2, dim: int = 4, name: str = "t"):
-    """A LanceDB table of ``n`` rows (id, x, vector v) written in ``fragments`` appends."""
+    """A LanceDB table of ``n`` :func:`id_rows` written in ``fragments`` appends."""
+    return create_table(path, name, rows=n, dim=dim, fragments=fragments, batch=id_rows)
+
+
+def write_token_table(path: str, n: int, longest: int, fragments: int, seed: int = 0):
+    """A LanceDB table of ``n`` token documents (``id``, ``tokens``: list<int32>, some empty,
+    token ids 2..98) written in ``fragments`` appends, and the documents."""
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(2, 99, rng.integers(0, longest + 1)).tolist() for _ in range(n)]
     db = lancedb.connect(path)
     bounds = np.linspace(0, n, fragments + 1).astype(int)
     table = None
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        ids = np.arange(lo, hi, dtype=np.int64)
-        data = pa.table({
-            "id": ids,
-            "x": ids.astype(np.float32) / 2,
-            "v": pa.FixedSizeListArray.from_arrays(
-                pa.array(np.repeat(ids, dim).astype(np.float32)), dim),
-        })
-        table = db.create_table(name, data) if table is None else table
+        data = pa.table({"id": np.arange(lo, hi, dtype=np.int64),
+                         "tokens": pa.array(docs[lo:hi], pa.list_(pa.int32()))})
+        table = db.create_table("docs", data) if table is None else table
         if table.count_rows() != hi:
             table.add(data)
-    return table
+    return table, docs
+
+
+@pytest.fixture(scope="session")
+def token_table(tmp_path_factory):
+    """60 token documents of up to 30 tokens, in 3 fragments: ``(table, docs)``."""
+    return write_token_table(str(tmp_path_factory.mktemp("tokens")), 60, 30, 3)
 
 
 _rows_after_filter: dict[tuple[int, int, str | None], int] = {}

@@ -69,9 +69,8 @@ def test_only_the_newest_keys_are_kept():
     assert [plans.ready(k) for k in range(4)] == [None, None, 2, 3]
 
 
-def assert_same_part(a, b) -> None:
-    (plan_a, ident_a), (plan_b, ident_b) = a, b
-    assert ident_a == ident_b and plan_a.fingerprint == plan_b.fingerprint
+def assert_same_part(plan_a, plan_b) -> None:
+    assert plan_a.identity() == plan_b.identity() and plan_a.fingerprint == plan_b.fingerprint
     assert plan_a.first_split == plan_b.first_split and plan_a.spec == plan_b.spec
     assert np.array_equal(plan_a.row_ids, plan_b.row_ids)
 
@@ -92,7 +91,7 @@ def view_hands_over_the_background_plan(table, reader: str) -> None:
     ds.set_epoch(1)
     assert source.plans.background_hits == 1
     on_demand = build_part(ds._table, source.rows_after_filter, ds._spec, [2, 3])
-    assert_same_part((ds.plan, ds.identity), on_demand)
+    assert_same_part(ds.plan, on_demand)
 
 
 def test_a_local_view_hands_over_the_background_plan_equal_to_one_built_on_demand(table_1k):
@@ -126,7 +125,7 @@ def test_the_coordinator_builds_the_next_epoch_in_the_background(coordinator):
     coord.set_epoch(1)
     view.set_epoch(1)
     on_demand = build_part(view._table, 1000, view._spec, [0, 1])
-    assert_same_part((view.plan, view.identity), on_demand)
+    assert_same_part(view.plan, on_demand)
 
 
 def test_a_coordinator_in_index_mode_delivers_every_row_once(coordinator, table_1k):

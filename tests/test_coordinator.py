@@ -18,7 +18,7 @@ from lance_ray.state.ledger import StaleReport
 from lance_ray.state.reporting import ReportPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from chaos import Rank  # noqa: E402  (a rank actor: a view in its own process)
+from ranks import Rank  # noqa: E402  (a rank actor: a view in its own process)
 
 NUM_SPLITS = 8
 GLOBAL_BATCH = 16
@@ -67,8 +67,9 @@ def coord_factory(ray_session, table_1k, tmp_path):
 
 def test_views_on_two_nodes_seal_the_same_state_as_merging_their_own(coord_factory, ray_cluster):
     coord = coord_factory("two_nodes")
-    views = [Rank.options(resources={res: 0.01}).remote("two_nodes", r, 2,
-                                                         global_batch=GLOBAL_BATCH)
+    views = [Rank.options(resources={res: 0.01}).remote(r, 2, GLOBAL_BATCH // 2,
+                                                         coordinator="two_nodes",
+                                                         reader="local", read_batch_size=128)
              for r, res in enumerate(("at_head", "at_w1"))]
     assert len(set(ray.get([v.node.remote() for v in views]))) == 2
     step_views(views, 10)

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from lance_ray.state.ledger import RankReport
 from lance_ray.state.reporting import TICK_S, Reporter, ReportPolicy
 
 
@@ -54,7 +55,7 @@ class Clock:
 
 
 def add(reporter: Reporter, step: int, *, epoch: int = 0, final: bool = False) -> None:
-    reporter.add(0, 1, epoch, step, [step], [step], final=final)
+    reporter.add(RankReport(0, 1, epoch, step, (step,), (step,)), final=final)
 
 
 def test_steps_go_out_every_k_batches_in_one_call():

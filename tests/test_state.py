@@ -26,6 +26,7 @@ from lance_ray.state.format import (
 )
 from lance_ray.state.jsonio import load_state, save_state
 from lance_ray.state.merge import merge_state_dicts
+from lance_ray.topology import Topology
 
 SPLIT_LEN = 10
 IDENT = PlanIdentity(
@@ -91,7 +92,7 @@ def test_one_rank_state_is_complete_and_loadable_anywhere():
     p = parse_state(state, SPLIT_LEN)
     assert p.is_complete
     for rank, world in [(0, 1), (0, 2), (1, 2), (3, 4)]:
-        check_loadable_on(p, rank, world)
+        check_loadable_on(p, Topology(rank, world))
 
 
 def test_reference_state_without_positions_uses_samples_as_positions():
@@ -293,11 +294,11 @@ def test_reference_state_is_checked_on_its_keys_and_warns_about_the_rest(caplog)
 
 def test_rank_state_is_loadable_only_on_its_own_rank_and_world_size():
     p = parse_state(rank_state(1), SPLIT_LEN)
-    check_loadable_on(p, 1, 2)
+    check_loadable_on(p, Topology(1, 2))
     for rank, world in [(0, 2), (0, 1), (1, 4), (0, 4)]:
         with pytest.raises(ValueError, match=r"rank 1's own state of a 2-rank run.*"
                                              r"merge_state_dicts"):
-            check_loadable_on(p, rank, world)
+            check_loadable_on(p, Topology(rank, world))
 
 
 def test_merged_and_reference_states_are_loadable_on_any_rank():
@@ -305,7 +306,7 @@ def test_merged_and_reference_states_are_loadable_on_any_rank():
     ref = parse_state(reference_state([1, 1, 1, 1]), SPLIT_LEN)
     for p in (merged, ref):
         for rank, world in [(0, 1), (1, 2), (3, 4)]:
-            check_loadable_on(p, rank, world)
+            check_loadable_on(p, Topology(rank, world))
 
 
 # ----------------------------------------------------------------------- merging

@@ -27,13 +27,13 @@ def test_a_string_with_an_unknown_scheme_is_an_error_never_a_local_path(tmp_path
     monkeypatch.chdir(tmp_path)
     for bad in ("s4://bucket/x.json", "hdfs://nn/x.json", "ftp://host/x.json"):
         with pytest.raises(ValueError, match="unsupported storage scheme"):
-            lance_ray.state.format.write_json_atomic(bad, {"anything": 1})
+            lance_ray.storage.write_json_atomic(bad, {"anything": 1})
         with pytest.raises(ValueError, match="unsupported storage scheme"):
             lance_ray.load_state(bad)
     with pytest.raises(ValueError, match="names no bucket"):
         storage.resolve("s3:///x.json")
     with pytest.raises(ValueError, match="lost a slash"):  # what pathlib makes of a URI
-        lance_ray.state.format.write_json_atomic(Path("s3://bucket/runs/x.json"), {"anything": 1})
+        lance_ray.storage.write_json_atomic(Path("s3://bucket/runs/x.json"), {"anything": 1})
     assert list(tmp_path.iterdir()) == []  # nothing like ./s4:/bucket was created
 
 

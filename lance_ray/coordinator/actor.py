@@ -14,7 +14,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -35,7 +34,7 @@ from ..plan.table import (
 from ..state import format as st
 from ..state import ledger as lg
 from ..state.reporting import ReportPolicy
-from ..topology import splits_per_rank
+from ..topology import Topology, splits_per_rank
 from ..view.dataset import StreamingDataset
 from .throttle import Throttled
 
@@ -142,9 +141,8 @@ class CoordinatorActor:
             self._plans.prefetch(epoch + 1)
         return plan
 
-    def plan_part(self, epoch: int, first: int, count: int) -> tuple[SplitPlan, st.PlanIdentity]:
-        plan = self._plan(epoch)
-        return plan.splits(first, count), plan.identity()
+    def plan_part(self, epoch: int, first: int, count: int) -> SplitPlan:
+        return self._plan(epoch).splits(first, count)
 
     def _state(self, sealed: lg.Sealed) -> dict[str, Any]:
         return st.make_state(self._plan(sealed.epoch).identity(), list(sealed.samples),
@@ -153,8 +151,9 @@ class CoordinatorActor:
 
     # ----------------------------------------------------------------- progress
 
-    def start(self, rank: int, world_size: int) -> dict[str, Any]:
-        """The state a new view of ``(rank, world_size)`` starts from (resizing if needed)."""
+    def start(self, topology: Topology) -> dict[str, Any]:
+        """The state a new view of ``topology`` starts from (resizing if needed)."""
+        rank, world_size = topology.rank, topology.world_size
         with self._lock:
             if world_size != self._ledger.world_size:
                 if self._rank_progress:
@@ -176,12 +175,10 @@ class CoordinatorActor:
         """When views send their progress (see :mod:`lance_ray.state.reporting`)."""
         return asdict(self._report_policy)
 
-    def report_batch(self, rank: int, world_size: int, epoch: int, steps: Sequence[int],
-                     samples: Sequence[Sequence[int]],
-                     positions: Sequence[Sequence[int]]) -> int | None:
+    def report_batch(self, batch: lg.ReportBatch) -> int | None:
         """Record a rank's progress at several steps (a coalesced report); returns the
         newest step it sealed, if any."""
-        batch = lg.ReportBatch(rank, world_size, epoch, steps, samples, positions)
+        rank, epoch, steps, samples = batch.rank, batch.epoch, batch.steps, batch.samples
         with self._lock:
             sealed = lg.record_batch(self._ledger, batch)
             if steps and epoch == self._ledger.epoch:

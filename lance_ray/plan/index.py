@@ -36,7 +36,9 @@ import numpy as np
 from .splits import EPOCH_SEED_STRIDE, PlanSpec, SplitPlan
 
 ROUNDS = 6
-ALGORITHM = "lance_ray.plan.index.feistel6.v1"  # in every fingerprint: bump if the order changes
+# A fixed name (not this module's path): it seeds the keys and every fingerprint, so it
+# changes only when the order does.
+ALGORITHM = "lance_ray.index_plan.feistel6.v1"
 FINGERPRINT_POSITIONS = 8  # planned row ids of each split's first positions, hashed as a check
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import positive_int
 from ..storage import StorageOptionsFactory
 from .remote import is_remote_table, resolve_remote
 from .splits import PlanSpec, check_plan_args
@@ -67,9 +68,7 @@ def resolve_table(
     -> table) reopens a remote table in other processes; local tables are reopened from
     their URI and do not need it.
     """
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool)
-                                or version < 1):
-        raise ValueError(f"table_version must be a positive integer, got {version!r}")
+    positive_int("table_version", version, allow_none=True)
     if is_remote_table(table):
         if storage_options is not None:
             raise ValueError(

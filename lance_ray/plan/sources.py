@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-from ..state import format as st
 from ..state import ledger as lg
-from ..state.format import PlanIdentity
 from ..state.reporting import Reporter, ReportPolicy
+from ..topology import Topology
 from .background import BackgroundPlans
 from .index import build_index_plan
 from .splits import PlanSpec, SplitPlan, build_plan, check_epoch_seed
@@ -30,13 +29,12 @@ DEFAULT_NAMESPACE = "lance_ray"
 class PlanSource(Protocol):
     wants_reports: bool  # whether ``report`` does anything (it costs a progress computation)
 
-    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
-        """The plan of ``owned`` splits for ``spec``, and the whole plan's identity."""
+    def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
+        """The plan of ``owned`` splits for ``spec`` (its ``identity()`` is the whole plan's)."""
         ...
 
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
-        """Record a rank's committed progress on its own splits after global step ``step``
+    def report(self, report: lg.RankReport, *, final: bool = False) -> None:
+        """Record a rank's committed progress on its own splits after a global step
         (``final``: the rank's epoch ends there). May be sent later, coalesced."""
         ...
 
@@ -59,17 +57,17 @@ class LocalPlans:
 
     def __init__(self, table: TableRef, rows_after_filter: int):
         self.table, self.rows_after_filter = table, rows_after_filter
-        self.plans: BackgroundPlans[PartKey, tuple[SplitPlan, PlanIdentity]] = \
+        self.plans: BackgroundPlans[PartKey, SplitPlan] = \
             BackgroundPlans(self._build, name="view plan")
 
-    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
+    def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
         part = self.plans.get((spec, tuple(owned)))
         upcoming = next_epoch(spec)
         if upcoming is not None:
             self.plans.prefetch((upcoming, tuple(owned)))
         return part
 
-    def _build(self, key: PartKey) -> tuple[SplitPlan, PlanIdentity]:
+    def _build(self, key: PartKey) -> SplitPlan:
         return build_part(self.table, self.rows_after_filter, key[0], key[1])
 
     def __getstate__(self) -> dict[str, Any]:
@@ -79,8 +77,7 @@ class LocalPlans:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["table"], state["rows_after_filter"])  # type: ignore[misc]
 
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
+    def report(self, report: lg.RankReport, *, final: bool = False) -> None:
         return None
 
     def flush(self) -> None:
@@ -97,7 +94,7 @@ class RayTaskPlans(LocalPlans):
     lands in the trainer process, whose footprint stays flat as the table grows.
     """
 
-    def _build(self, key: PartKey) -> tuple[SplitPlan, PlanIdentity]:
+    def _build(self, key: PartKey) -> SplitPlan:
         spec, owned = key
         if spec.plan == "index":  # O(num_splits): a task would cost more than the plan
             return super()._build(key)
@@ -128,13 +125,13 @@ def plan_for(table: TableRef, spec: PlanSpec, rows_after_filter: int) -> SplitPl
 
 
 def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
-               owned: Sequence[int]) -> tuple[SplitPlan, PlanIdentity]:
-    """The plan of the contiguous ``owned`` splits, and the whole plan's identity."""
+               owned: Sequence[int]) -> SplitPlan:
+    """The plan of the contiguous ``owned`` splits (it keeps the whole plan's identity)."""
     full = plan_for(table, spec, rows_after_filter)
     part = full.splits(owned[0], len(owned))
     if part.row_ids is not None and len(owned) < spec.num_splits:
         part = replace(part, row_ids=part.row_ids.copy())  # a view keeps all splits alive
-    return part, full.identity()
+    return part
 
 
 def _ray() -> Any:
@@ -168,8 +165,7 @@ class _ActorChannel:
         self.handle = handle
 
     def send(self, batch: lg.ReportBatch) -> Any:
-        return self.handle.report_batch.remote(batch.rank, batch.world_size, batch.epoch,
-                                               batch.steps, batch.samples, batch.positions)
+        return self.handle.report_batch.remote(batch)
 
     def finished(self, replies: list[Any]) -> list[Any]:
         return _ray().wait(replies, num_returns=len(replies), timeout=0)[0]
@@ -201,15 +197,15 @@ class CoordinatorPlans:
     def describe(self) -> tuple[TableRef, PlanSpec]:
         return _ray().get(self.handle.describe.remote())
 
-    def start(self, rank: int, world_size: int) -> dict[str, Any]:
-        return _ray().get(self.handle.start.remote(rank, world_size))
+    def start(self, topology: Topology) -> dict[str, Any]:
+        """The state a new view of ``topology`` starts from (the coordinator may resize)."""
+        return _ray().get(self.handle.start.remote(topology))
 
-    def part(self, spec: PlanSpec, owned: Sequence[int]) -> tuple[SplitPlan, st.PlanIdentity]:
+    def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
         return _ray().get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
 
-    def report(self, rank: int, world_size: int, epoch: int, step: int,
-               samples: Sequence[int], positions: Sequence[int], *, final: bool = False) -> None:
-        self._reporter.add(rank, world_size, epoch, step, samples, positions, final=final)
+    def report(self, report: lg.RankReport, *, final: bool = False) -> None:
+        self._reporter.add(report, final=final)
 
     def flush(self, *, wait: bool = True) -> None:
         """Send the buffered reports; with ``wait``, until every report is acknowledged."""

@@ -4,7 +4,7 @@ The plan is a pure function of (table version, filter, shuffle, num_splits, shuf
 epoch, clump size, plan mode). In the default mode (``plan="lancedb"``) rows are assigned
 exactly as ``lancedb.streaming.StreamingDataset`` assigns them, by calling lancedb's own
 permutation builder on the pinned table version, so checkpoints and sample order are
-interchangeable with the reference. ``plan="index"`` (``index_plan``) computes each row's
+interchangeable with the reference. ``plan="index"`` (``plan.index``) computes each row's
 shuffled position instead, for tables past the builder's limit.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..checks import positive_int
+from ..checks import non_negative_int, positive_int
 from ..state.format import PlanIdentity
 
 logger = logging.getLogger(__name__)
@@ -134,8 +134,7 @@ class SplitPlan:
 
 def check_epoch_seed(shuffle_seed: int, epoch: object) -> None:
     """Raise unless ``epoch`` is valid and its seed fits the shuffler's 64-bit seed."""
-    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-        raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+    epoch = non_negative_int("epoch", epoch)
     if shuffle_seed + epoch * EPOCH_SEED_STRIDE >= 2**64:
         raise ValueError(
             f"shuffle_seed + {EPOCH_SEED_STRIDE} * epoch must be below 2**64 (the shuffler's "
@@ -152,8 +151,7 @@ def check_plan_args(*, num_splits: object, shuffle_seed: object, epoch: object,
     positive_int("shuffle_clump_size", shuffle_clump_size, allow_none=True)
     if shuffle_seed is None:
         shuffle_seed = int(np.random.SeedSequence().entropy % 2**32)  # type: ignore[operator]
-    if not isinstance(shuffle_seed, int) or isinstance(shuffle_seed, bool) or shuffle_seed < 0:
-        raise ValueError(f"shuffle_seed must be a non-negative integer, got {shuffle_seed!r}")
+    shuffle_seed = non_negative_int("shuffle_seed", shuffle_seed)
     check_epoch_seed(shuffle_seed, epoch)
     if shuffle_clump_size is not None and shuffle_clump_size >= 2**63:  # type: ignore[operator]
         raise ValueError(f"shuffle_clump_size must be below 2**63, got {shuffle_clump_size}")

@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..topology import rank_splits
+from ..checks import is_int
+from ..topology import Topology, rank_splits
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +23,17 @@ FORMAT_VERSION = 1
 # early keeps a bad state from allocating huge lists.
 MAX_NUM_SPLITS = 1 << 24
 EXTRA_KEY = "lance_ray"
-REFERENCE_KEYS = ("shuffle_seed", "num_splits", "epoch", "samples_consumed_per_split")
+PLAN_KEYS = ("shuffle_seed", "num_splits", "epoch")  # the top-level keys that name a plan
+REFERENCE_KEYS = (*PLAN_KEYS, "samples_consumed_per_split")
+# The identity keys under EXTRA_KEY a state must agree on with a plan, and how to fix each.
+IDENTITY_FIXES = {
+    "table_version": "open the table at the checkpoint's version (table_version=...)",
+    "shuffle": "construct the dataset with the checkpoint's shuffle setting",
+    "filter": "construct the dataset with the checkpoint's filter",
+    "shuffle_clump_size": "construct the dataset with the checkpoint's shuffle_clump_size",
+    "split_len": "the table or filter changed since the checkpoint",
+    "plan_fingerprint": "the table's rows at this version differ from the checkpoint's",
+}
 
 
 @dataclass(frozen=True)
@@ -104,13 +115,9 @@ def make_state(
     }
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _int_field(state: dict, key: str, *, minimum: int = 0) -> int:
     value = state[key]
-    if not _is_int(value) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(
             f"checkpoint field {key!r} must be an integer >= {minimum}, got {value!r}; "
             "pass the dict returned by state_dict() unchanged"
@@ -120,7 +127,7 @@ def _int_field(state: dict, key: str, *, minimum: int = 0) -> int:
 
 def _counts(state: dict, key: str, num_splits: int, split_len: int | None) -> tuple[int, ...]:
     raw = state[key]
-    if _is_int(raw):
+    if is_int(raw):
         # The reference's legacy format: one scalar counter shared by every split.
         logger.warning("checkpoint field %r is a legacy scalar; applying it to every split", key)
         raw = [raw] * num_splits
@@ -135,7 +142,7 @@ def _counts(state: dict, key: str, num_splits: int, split_len: int | None) -> tu
             "the state is truncated or belongs to another plan"
         )
     for k, v in enumerate(raw):
-        if not _is_int(v) or v < 0:
+        if not is_int(v) or v < 0:
             raise ValueError(
                 f"checkpoint field {key!r}[{k}] must be a non-negative integer, got {v!r}; "
                 "the state is corrupt: restore an earlier checkpoint"
@@ -148,13 +155,19 @@ def _counts(state: dict, key: str, num_splits: int, split_len: int | None) -> tu
     return tuple(raw)
 
 
-def parse_state(state: object, split_len: int | None = None) -> Progress:
+def parse_state(state: object, split_len: int | None = None, *, packed: bool = False
+                ) -> Progress:
     """Validate the structure of ``state`` and return its progress.
 
     ``split_len`` bounds the counts when the plan is known (always, when loading).
+    ``packed``: the caller validates a packed state's own fields (``state.packed``).
     """
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    if "pack_buffers" in state and not packed:
+        raise ValueError("this is a packed state (pack_sequences="
+                         f"{state.get('pack_sequences')!r}): load it into a dataset constructed "
+                         "with the same pack_sequences, eos_id, pad_id and blocks_per_epoch")
     missing = [k for k in REFERENCE_KEYS if k not in state]
     if missing:
         raise ValueError(
@@ -196,14 +209,13 @@ def parse_state(state: object, split_len: int | None = None) -> Progress:
     if not extra:
         return Progress(samples, positions)
     world_size, rank, step = extra.get("world_size"), extra.get("rank"), extra.get("global_step")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1 \
-            or num_splits % world_size:
+    if not is_int(world_size) or world_size < 1 or num_splits % world_size:
         raise ValueError(
             f"checkpoint world_size {world_size!r} is invalid for {num_splits} splits"
         )
-    if rank is not None and (not _is_int(rank) or not 0 <= rank < world_size):
+    if rank is not None and (not is_int(rank) or not 0 <= rank < world_size):
         raise ValueError(f"checkpoint rank {rank!r} is not in [0, {world_size})")
-    if step is not None and (not _is_int(step) or step < 0):
+    if step is not None and (not is_int(step) or step < 0):
         raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
     if not isinstance(lockstep := extra.get("lockstep", False), bool):
         raise ValueError(f"checkpoint lockstep {lockstep!r} must be true or false")
@@ -233,15 +245,7 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             "version, filter and shuffle settings cannot be verified"
         )
         return
-    checks = {
-        "table_version": "open the table at the checkpoint's version (table_version=...)",
-        "shuffle": "construct the dataset with the checkpoint's shuffle setting",
-        "filter": "construct the dataset with the checkpoint's filter",
-        "shuffle_clump_size": "construct the dataset with the checkpoint's shuffle_clump_size",
-        "split_len": "the table or filter changed since the checkpoint",
-        "plan_fingerprint": "the table's rows at this version differ from the checkpoint's",
-    }
-    for key, fix in checks.items():
+    for key, fix in IDENTITY_FIXES.items():
         theirs, ours = extra.get(key), getattr(identity, key)
         if theirs != ours:
             raise ValueError(
@@ -249,8 +253,9 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             )
 
 
-def check_loadable_on(progress: Progress, rank: int, world_size: int) -> None:
+def check_loadable_on(progress: Progress, topology: Topology) -> None:
     """Raise unless one rank's view may resume from ``progress`` without a merge."""
+    rank, world_size = topology.rank, topology.world_size
     if progress.loadable_anywhere or progress.rank is None:
         return
     if (progress.rank, progress.world_size) != (rank, world_size):

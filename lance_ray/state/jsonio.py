@@ -10,13 +10,13 @@ import os
 from typing import Any
 
 from ..storage import StorageOptionsFactory, read_json, write_json_atomic
-from .format import parse_state
+from .packed import check_state
 
 
 def save_state(path: str | os.PathLike[str], state: dict, *,
                storage_options: StorageOptionsFactory | None = None) -> None:
     """Validate ``state`` and write it as JSON atomically (local path or URI)."""
-    parse_state(state)
+    check_state(state)
     write_json_atomic(path, state, storage_options=storage_options)
 
 
@@ -24,5 +24,5 @@ def load_state(path: str | os.PathLike[str], *,
                storage_options: StorageOptionsFactory | None = None) -> dict[str, Any]:
     """Read and validate a state written by :func:`save_state` (local path or URI)."""
     state = read_json(path, storage_options=storage_options)
-    parse_state(state)
+    check_state(state)
     return state

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .ledger import PENDING_WINDOW, ReportBatch
+from ..checks import positive_int
+from .ledger import PENDING_WINDOW, RankReport, ReportBatch
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,7 @@ class ReportPolicy:
     def __post_init__(self) -> None:
         for name in ("every_batches", "max_in_flight"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"report {name} must be a positive integer, got {value!r}")
+            positive_int(f"report {name}", value)
         if self.every_batches > PENDING_WINDOW // 2:
             raise ValueError(f"report every_batches must be at most {PENDING_WINDOW // 2} "
                              f"(half the coordinator's pending window), got {self.every_batches}")
@@ -113,9 +113,10 @@ class Reporter:
     def buffered_steps(self) -> int:
         return len(self._steps)
 
-    def add(self, rank: int, world_size: int, epoch: int, step: int, samples: Sequence[int],
-            positions: Sequence[int], *, final: bool = False) -> None:
-        """Buffer the rank's progress after ``step``; ``final``: the epoch ends here."""
+    def add(self, report: RankReport, *, final: bool = False) -> None:
+        """Buffer the rank's progress after its step; ``final``: the epoch ends here."""
+        rank, world_size, epoch = report.rank, report.world_size, report.epoch
+        step, samples, positions = report.step, report.samples, report.positions
         with self._lock:
             self._raise_answered()
             key = (rank, world_size, epoch)

@@ -14,6 +14,8 @@ from typing import Any, Protocol, cast
 
 from torch.utils.data import get_worker_info
 
+from ..checks import positive_or_default
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFETCH_BATCHES = 2
@@ -51,16 +53,9 @@ class ReferenceOptions:
     worker_info_override: WorkerInfo | None = None
 
 
-def _positive_or_none(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                              or value <= 0):
-        raise ValueError(f"{name} must be greater than 0 (or None for the default), "
-                         f"got {value!r}")
-
-
 def prefetch_depth(prefetch_batches: int | None, io_queue_depth: int | None) -> int:
     """Reads kept in flight: ``io_queue_depth`` is the reference's name for it."""
-    _positive_or_none("io_queue_depth", io_queue_depth)
+    positive_or_default("io_queue_depth", io_queue_depth)
     if io_queue_depth is None:
         return DEFAULT_PREFETCH_BATCHES if prefetch_batches is None else prefetch_batches
     if prefetch_batches is not None and prefetch_batches != io_queue_depth:
@@ -76,8 +71,8 @@ def reference_options(*, transform_parallelism: int | None = None,
                       connection_factory: Callable[[str], Any] | None = None,
                       worker_info_override: WorkerInfo | None = None) -> ReferenceOptions:
     """Validate the reference-only arguments (as the reference does, at construction)."""
-    _positive_or_none("transform_parallelism", transform_parallelism)
-    _positive_or_none("transform_queue_depth", transform_queue_depth)
+    positive_or_default("transform_parallelism", transform_parallelism)
+    positive_or_default("transform_queue_depth", transform_queue_depth)
     if connection_factory is not None and not callable(connection_factory):
         raise TypeError("connection_factory must be a callable(table_name) -> Table, got "
                         f"{type(connection_factory).__name__}")

@@ -12,35 +12,45 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import positive_int
 from ..plan.resolve import resolve_plan
-from ..plan.sources import DEFAULT_NAMESPACE, LocalPlans, PlanSource, RayTaskPlans, ray_is_up
+from ..plan.sources import (
+    DEFAULT_NAMESPACE,
+    CoordinatorPlans,
+    LocalPlans,
+    PlanSource,
+    RayTaskPlans,
+    ray_is_up,
+)
 from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
 from ..plan.table import StorageOptionsFactory, TableRef, check_columns
-from ..read.transform import ErrorPolicy, Transform, TransformPolicy, make_policy
+from ..read.transform import ErrorPolicy, Transform, make_policy
 from ..state import format as st
+from ..state.ledger import RankReport
 from ..state.merge import merge_state_dicts
 from ..stream.cursor import Cursor
 from ..stream.order import RankStream
-from ..topology import rank_splits
+from ..topology import Topology
 from .compat import (
+    DEFAULT_PREFETCH_BATCHES,
     UNTRACKED,
-    ReferenceOptions,
     WorkerInfo,
     current_worker,
     prefetch_depth,
     reference_options,
     worker_share,
 )
+from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
+from .packed import PackedView, pack_options
+from .properties import ViewProperties
 from .readers import choose_reader, read_sizing
 from .reading import Reading, leased
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
 
-# Reads are sized by bytes (read.requests.ReadSizing), at most this many rows.
-DEFAULT_READ_BATCH_SIZE = 65536
 
 
-class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
+class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
+                       IterableDataset):
     """An elastic, exactly-resumable torch ``IterableDataset`` over a Lance / LanceDB table.
 
     Speaks the language of ``lancedb.streaming.StreamingDataset``: the table (at a pinned
@@ -89,8 +99,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             credentials are never pickled or logged.
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
             (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
-        ray_remote_args: extra arguments for the Ray Data read and transform tasks (e.g.
-            ``num_cpus``, or ``resources`` that only chosen nodes have).
+        ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
@@ -99,6 +108,9 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         io_queue_depth, transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.view.compat` for what each means here.
+        pack_sequences, eos_id, pad_id, blocks_per_epoch, pack_position_ids, pack_cu_seqlens:
+            sequence packing, as in the reference (README "Sequence packing"): items and
+            batches are ``{"input_ids", "doc_ids"}`` LongTensors of ``pack_sequences`` tokens.
     """
 
     def __init__(
@@ -126,12 +138,15 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
         plan: str = "lancedb",
-        # lancedb.streaming's own arguments (compat.py says what each maps to)
+        # lancedb.streaming's own arguments (view/compat.py says what each maps to)
         io_queue_depth: int | None = None,
         transform_parallelism: int | None = None,
         transform_queue_depth: int | None = None,
         connection_factory: Callable[[str], Any] | None = None,
         worker_info_override: WorkerInfo | None = None,
+        pack_sequences: int | None = None, eos_id: int | None = None, pad_id: int | None = None,
+        blocks_per_epoch: int | str | None = None, pack_position_ids: bool = False,
+        pack_cu_seqlens: bool = False,
     ) -> None:
         super().__init__()
         prefetch_batches = prefetch_depth(prefetch_batches, io_queue_depth)
@@ -154,12 +169,13 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         # DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
-        self._init_view(table_ref, spec, plans, rank=rank,
-                        world_size=world_size, columns=columns,
-                        transform=make_policy(transform, on_transform_error, fill_value),
-                        read_batch_size=read_batch_size, prefetch_batches=prefetch_batches,
-                        reader=reader, ray_remote_args=ray_remote_args, options=options,
-                        read_bytes=read_bytes, prefetch_bytes=prefetch_bytes)
+        self._packing = pack_options(table_ref, columns, transform, num_splits, pack_sequences,
+                                     eos_id, pad_id, blocks_per_epoch, pack_position_ids,
+                                     pack_cu_seqlens)
+        read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
+                           read_batch_size, prefetch_batches, reader, ray_remote_args, options,
+                           read_bytes, prefetch_bytes)
+        self._init_view(table_ref, spec, plans, Topology(rank, world_size), read)
 
     @classmethod
     def from_coordinator(
@@ -174,7 +190,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         on_transform_error: ErrorPolicy = "raise",
         fill_value: Any = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
-        prefetch_batches: int = 2,
+        prefetch_batches: int = DEFAULT_PREFETCH_BATCHES,
         reader: str = "auto",
         ray_remote_args: dict[str, Any] | None = None,
     ) -> StreamingDataset:
@@ -185,41 +201,33 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         resizes the run), and reports its committed progress, coalesced under the coordinator's
         ``report_policy`` and always before a ``state_dict()``.
         """
-        from ..plan.sources import CoordinatorPlans
-
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
-        self._init_view(table_ref, spec, plans, rank=rank, world_size=world_size,
-                        columns=columns,
-                        transform=make_policy(transform, on_transform_error, fill_value),
-                        read_batch_size=read_batch_size,
-                        prefetch_batches=prefetch_batches, reader=reader,
-                        ray_remote_args=ray_remote_args, options=ReferenceOptions())
-        self.load_state_dict(plans.start(rank, world_size))
+        read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
+                           read_batch_size, prefetch_batches, reader, ray_remote_args)
+        topology = Topology(rank, world_size)
+        self._init_view(table_ref, spec, plans, topology, read)
+        self.load_state_dict(plans.start(topology))
         return self
 
-    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource, *, rank: int,
-                   world_size: int, columns: list[str] | None, transform: TransformPolicy | None,
-                   read_batch_size: int, prefetch_batches: int, reader: str,
-                   ray_remote_args: dict[str, Any] | None, options: ReferenceOptions,
-                   read_bytes: int | None = None, prefetch_bytes: int | None = None) -> None:
-        positive_int("world_size", world_size)
-        if not isinstance(rank, int) or isinstance(rank, bool):
-            raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
-        self._owned = rank_splits(rank, world_size, spec.num_splits)
-        positive_int("prefetch_batches", prefetch_batches)
-        self._reader_kind = choose_reader(reader)
+    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource,
+                   topology: Topology, read: ReadOptions) -> None:
+        self._owned = topology.owned(spec.num_splits)
+        self._topology = topology
+        rank, world_size = topology.rank, topology.world_size
         self._table = table
-        self._columns = check_columns(table, columns)
-        self._sizing = read_sizing(table, self._columns, read_batch_size, read_bytes,
-                                   prefetch_bytes)
-        self._rank, self._world_size, self._transform = rank, world_size, transform
-        self._prefetch_batches = prefetch_batches
-        self._ray_remote_args = ray_remote_args
+        self._columns = check_columns(table, read.columns)
+        self._rank, self._world_size = rank, world_size
+        self._transform = read.transform
+        self._sizing = read_sizing(table, self._columns, read.read_batch_size,
+                                   read.read_bytes, read.prefetch_bytes)
+        self._prefetch_batches = read.prefetch_batches
+        self._reader_kind = choose_reader(read.reader)
+        self._ray_remote_args = read.ray_remote_args
         self._plans = plans
-        self._options = options
+        self._options = read.reference
         self._meter = Meter(ViewStats(), rank)
         self._gauge = Gauge()
         # Set by plain DataLoader workers (shared memory, so the trainer sees it).
@@ -233,14 +241,15 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         return state
 
     def _set_plan(self, spec: PlanSpec) -> None:
-        self._install_plan(spec, *self._plans.part(spec, self._owned))
+        self._install_plan(spec, self._plans.part(spec, self._owned))
 
-    def _install_plan(self, spec: PlanSpec, plan: SplitPlan, identity: st.PlanIdentity) -> None:
+    def _install_plan(self, spec: PlanSpec, plan: SplitPlan) -> None:
         """Switch to ``plan`` from its start; any running iterator becomes stale."""
-        self._plan, self._identity = plan, identity
+        self._plan, self._identity = plan, plan.identity()
         self._spec = spec
         zeros = [0] * spec.num_splits
         self._new_cursor(zeros, zeros, batches=0, origin=True)
+        self._reset_packing()
 
     def _new_cursor(self, samples: list[int], positions: list[int], *, batches: int,
                     origin: bool) -> None:
@@ -255,45 +264,10 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._lease = None
         self._untracked[0] = 0
 
-    # ----------------------------------------------------------------------- properties
-    @property
-    def epoch(self) -> int:
-        """The epoch whose plan this view reads."""
-        return self._spec.epoch
-
-    @property
-    def num_splits(self) -> int:
-        return self._spec.num_splits
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def global_step(self) -> int:
-        """Batches delivered in this epoch (resumed states continue their count)."""
-        return self._cursor.batches
-
-    @property
-    def table_version(self) -> int:
-        """The pinned table version every read goes to."""
-        return self._table.version
-
-    @property
-    def plan(self) -> SplitPlan:
-        """This rank's part of the current epoch's plan."""
-        return self._plan
-
-    @property
-    def identity(self) -> st.PlanIdentity:
-        return self._identity
-
     def __len__(self) -> int:
-        """Samples this rank yields in a whole epoch."""
+        """Samples (packed: blocks) this rank yields in a whole epoch."""
+        if self._packing:
+            return self._packed_len()
         return len(self._owned) * self._plan.split_len
 
     # ----------------------------------------------------------------------- progress
@@ -304,13 +278,15 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._cursor.commit(samples, batches)
         if batches and self._plans.wants_reports:  # keep the commit O(1) without a coordinator
             done = self._stream().advanced(self._cursor.consumed)
-            self._plans.report(self._rank, self._world_size, self._spec.epoch,
-                               self._cursor.batches, done.samples, done.positions,
-                               final=not len(done))
+            report = RankReport(self._rank, self._world_size, self._spec.epoch,
+                                self._cursor.batches, done.samples, done.positions)
+            self._plans.report(report, final=not len(done))
 
     @property
     def samples_remaining(self) -> int:
-        """Samples this rank still has to yield in the current epoch."""
+        """Samples (packed: blocks) this rank still has to yield in the current epoch."""
+        if self._packing:
+            return self._packed_remaining()
         return len(self._stream()) - self._cursor.consumed
 
     def state_dict(self) -> dict[str, Any]:
@@ -326,6 +302,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._plans.flush()  # a checkpoint's step reaches the coordinator before it is used
         if self._untracked[0] and get_worker_info() is None:
             raise RuntimeError(UNTRACKED)
+        if self._packing:
+            return self._packed_state_dict()
         c, ws = self._cursor, self._world_size
         if ws == 1 and len(c.splits) == self.num_splits:
             return st.make_state(self._identity, *c.progress(), world_size=1, rank=None,
@@ -346,9 +324,11 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
+        if self._packing:
+            return self._packed_load_state_dict(state)
         progress = st.parse_state(state, self._plan.split_len)
         st.check_compatible(state, self._identity)
-        st.check_loadable_on(progress, self._rank, self._world_size)
+        st.check_loadable_on(progress, self._topology)
         self._new_cursor(list(progress.samples), list(progress.positions),
                          batches=progress.global_step or 0,
                          origin=progress.loadable_anywhere)
@@ -367,33 +347,27 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         spec = self._spec.for_epoch(epoch)
         part = self._plans.part(spec, self._owned)  # may fail: nothing has changed yet
         self._plans.set_epoch(epoch)
-        self._install_plan(spec, *part)
+        self._install_plan(spec, part)
 
     # ----------------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
-        return leased(self._samples)
+        return leased(self._packed_items if self._packing else self._samples)
 
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
                      ) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short).
 
-        Without a transform a batch is ``{column: tensor}`` built straight from Arrow, with
-        no Python object per row: numeric columns are 1-D tensors, fixed-size lists 2-D; a
-        list column of numbers and a binary column are ``{"values": tensor, "offsets":
-        int64 tensor, "valid": bool tensor}`` (row ``i`` is
-        ``values[offsets[i]:offsets[i + 1]]``, bytes as ``uint8``; ``offsets`` has one entry
-        more than the batch has rows and starts at 0; a null row is empty and not valid).
-        Strings, and list columns whose elements hold nulls, stay lists. With a transform,
-        ``collate_fn`` (default torch's ``default_collate``) collates the items; items that
-        have a tensor form were already stacked where the transform ran, and the batch is
-        exactly what ``default_collate`` gives. Each batch is committed when it is handed
+        Without a transform a batch is ``{column: tensor}`` built straight from Arrow (lists
+        for non-numeric columns); with one, ``collate_fn`` (default torch's
+        ``default_collate``) collates the items. Each batch is committed when it is handed
         over, so ``state_dict()`` between batches is exact. Under
         ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
         smaller (an empty list if none is left) and every rank yields the same number of
         batches; under ``"skip"`` every batch but the last is full.
         """
         positive_int("batch_size", batch_size)
-        return leased(lambda lease: self._batches(lease, batch_size, collate_fn))
+        run = self._packed_batches if self._packing else self._batches
+        return leased(lambda lease: run(lease, batch_size, collate_fn))
 
 

@@ -7,12 +7,12 @@ from typing import Any, NamedTuple
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from ..checks import positive_int
 from ..read.batching import collate
 from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.transform import portable_items
-from ..stream.order import RankStream
 from .dataset import StreamingDataset
-from .reading import Lease, every_row, leased
+from .reading import Lease, Pass, leased, timed
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
 
 
@@ -39,29 +39,28 @@ class _BatchSource(TravelsByValue, IterableDataset):
     same for any ``num_workers``.
     """
 
-    def __init__(self, dataset: StreamingDataset, batch_size: int,
-                 collate_fn: Callable[[list[Any]], Any] | None):
+    def __init__(self, batch_size: int, collate_fn: Callable[[list[Any]], Any] | None):
         super().__init__()
-        self.dataset, self.batch_size, self.collate_fn = dataset, batch_size, collate_fn
-        self.stream: RankStream | None = None
+        self.batch_size, self.collate_fn = batch_size, collate_fn
+        self.pass_: Pass | None = None
         self.group = 1
 
     def __iter__(self) -> Iterator[Any]:
-        assert self.stream is not None, "StreamingDataLoader starts its source before iterating"
+        p = self.pass_
+        assert p is not None, "StreamingDataLoader starts its source before iterating"
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if self.dataset._drops:
+        if p.drops_rows:
             # Which rows survive is known only after their transform: workers read every
             # k-th read and the trainer interleaves the survivors (and runs the policy).
-            for chunk in self.dataset._read_rows(every_row(self.stream), worker, workers):
+            for chunk in p.read_rows(worker, workers):
                 if isinstance(chunk.payload, list):
                     chunk.payload = portable_items(chunk.payload)
                 yield chunk
             return
         size = self.batch_size
-        for group in self.dataset._read_batches(self.stream, size * self.group, worker=worker,
-                                                num_workers=workers,
-                                                as_tensors=self.collate_fn is None):
+        for group in p.read_batches(size * self.group, worker=worker, num_workers=workers,
+                                    as_tensors=self.collate_fn is None):
             first = group.index * self.group
             yield [_Delivered(first + j, min(size, group.size - lo),
                               *collate(group.payload[lo : lo + size], self.collate_fn),
@@ -101,8 +100,14 @@ class StreamingDataLoader(DataLoader):
                 "itself), so the override would be silently ignored. Iterate the subclass "
                 "with a plain loop, or move its logic into a transform"
             )
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        positive_int("batch_size", batch_size)
+        if getattr(dataset, "_packing", None) is not None and num_workers > 0:
+            raise ValueError(
+                "StreamingDataLoader with num_workers > 0 cannot load a packed dataset "
+                "(pack_sequences): a split's blocks depend on every earlier document of it, so "
+                "workers cannot share one rank's block sequence. Use num_workers=0: reads run "
+                "in Ray Data tasks (or reader threads) and packing on a background thread"
+            )
         if drop_last:
             raise ValueError(
                 "drop_last=True is not supported: dropped samples could not be accounted for "
@@ -118,7 +123,7 @@ class StreamingDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the split plan decides the order")
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False is not supported: batches must arrive in order")
-        self._source = _BatchSource(dataset, batch_size, collate_fn)
+        self._source = _BatchSource(batch_size, collate_fn)
         if num_workers > 0:
             self._choose_workers(kwargs)
         self._streaming_dataset = dataset
@@ -157,55 +162,51 @@ class StreamingDataLoader(DataLoader):
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset
-        stream, generation = dataset._begin(lease[0])
-        self._source.stream = stream  # pickled into the workers started below
+        if dataset._packing is not None:
+            yield from dataset._packed_batches(lease, self._batch_size_samples,
+                                               self._source.collate_fn)
+            return
+        p = dataset.begin_pass(lease[0])
+        self._source.pass_ = p  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
         self._source.group = max(1, dataset._sizing.first_rows // self._batch_size_samples
                                  ) if self.num_workers else 1
-        dataset._gauge.requested = dataset._gauge.total  # the workers hold the whole plan
+        p.read_ahead_everything()
         inner = super().__iter__()
         try:
-            if dataset._drops:
-                yield from self._survivors(stream, inner, generation)
+            if p.drops_rows:
+                yield from self._survivors(p, inner)
             else:
-                yield from self._committed(inner, generation)
-            dataset._cursor.ended = generation == dataset._cursor.generation
+                yield from self._committed(p, inner)
+            p.finished()
         finally:
             shutdown = getattr(inner, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-            dataset._end(generation)
+            p.close()
 
-    def _survivors(self, stream: RankStream, inner: Iterator[ChunkResult], generation: int
-                   ) -> Iterator[Any]:
-        dataset = self._streaming_dataset
-
+    def _survivors(self, p: Pass, inner: Iterator[ChunkResult]) -> Iterator[Any]:
         def received() -> Iterator[ChunkResult]:
             for chunk in inner:
-                dataset._gauge.received += len(chunk)
+                p.received(len(chunk))
                 yield chunk
 
-        survivors = dataset._survivors(stream, received())
-        for out, taken, cost, wait_s in dataset._survivor_batches(
-                survivors, self._batch_size_samples, self._source.collate_fn):
-            dataset._check_generation(generation)
-            dataset._delivered(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
+        for out, taken, cost, wait_s in p.survivor_batches(
+                p.survivors(received()), self._batch_size_samples, self._source.collate_fn):
+            p.deliver(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
             yield out
 
-    def _committed(self, inner: Iterator[list[_Delivered]], generation: int) -> Iterator[Any]:
-        dataset = self._streaming_dataset
+    def _committed(self, p: Pass, inner: Iterator[list[_Delivered]]) -> Iterator[Any]:
         expected = 0
-        for group, wait_s in dataset._timed(inner):
-            dataset._gauge.received += sum(d.size for d in group)
+        for group, wait_s in timed(inner):
+            p.received(sum(d.size for d in group))
             for delivered in group:
                 if delivered.number != expected:
                     raise RuntimeError(
                         f"batch {delivered.number} arrived where batch {expected} was "
                         "due; refusing to commit out-of-order progress"
                     )
-                dataset._check_generation(generation)
-                dataset._delivered(delivered.size, delivered.cost, delivered.skipped,
-                                   wait_s, batches=1)
+                p.deliver(delivered.size, delivered.cost, delivered.skipped, wait_s, batches=1)
                 wait_s = 0.0  # the group's wait is booked with its first batch
                 expected += 1
                 yield delivered.data

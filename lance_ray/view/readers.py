@@ -22,9 +22,9 @@ from ..read.ray_data import RayDataReader
 from ..read.requests import PREFETCH_BUDGET_BYTES, READ_TARGET_BYTES, ReadSizing
 from ..read.transform import TransformPolicy
 from ..read.widths import row_bytes
+from .options import READERS
 
 logger = logging.getLogger(__name__)
-READERS = ("auto", "ray", "local")
 _told: list[bool] = []  # "auto" chose the local reader: said once per process
 
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ..plan.table import TableRef
     from ..read.transform import TransformPolicy
     from ..stream.cursor import Cursor
-    from .compat import ReferenceOptions
+    from .compat import ReferenceOptions, WorkerInfo
     from .stats import Gauge, Meter
 
 logger = logging.getLogger("lance_ray.view.dataset")
@@ -54,6 +54,16 @@ def every_row(stream: RankStream) -> RankStream:
 Lease = list["weakref.ref[Iterator[Any]]"]
 
 
+def timed(batches: Iterator[T]) -> Iterator[tuple[T, float]]:
+    """Each batch with the time the consumer waited for it."""
+    while True:
+        started = time.monotonic()
+        batch = next(batches, None)
+        if batch is None:
+            return
+        yield batch, time.monotonic() - started
+
+
 def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
     """The iterator ``start(lease)`` makes, with ``lease`` holding a weak reference to it:
     the generator checks, when it starts, that it is its dataset's one live iterator."""
@@ -61,6 +71,69 @@ def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
     it = start(lease)
     lease.append(weakref.ref(it))
     return it
+
+
+class Pass:
+    """One iteration over a view, from its start to its end: the stream it reads and the
+    operations that read, count and commit it. ``StreamingDataset``'s own iterators and
+    ``StreamingDataLoader`` (its workers read, its trainer process delivers) both go
+    through it; a pass superseded by ``load_state_dict()``/``set_epoch()`` refuses to
+    deliver."""
+
+    def __init__(self, view: Reading, stream: RankStream, generation: int):
+        self.view, self.stream, self.generation = view, stream, generation
+
+    @property
+    def drops_rows(self) -> bool:
+        """Whether failed rows drop out of their splits (survivors are known only after
+        the transform, so every row is read and the survivor order is made here)."""
+        return self.view._drops
+
+    def read_batches(self, batch_size: int, *, worker: int = 0, num_workers: int = 1,
+                     as_tensors: bool = False) -> Iterator[Batch]:
+        """Batches ``worker, worker + num_workers, ...`` of the stream, read and assembled."""
+        return self.view._read_batches(self.stream, batch_size, worker=worker,
+                                       num_workers=num_workers, as_tensors=as_tensors)
+
+    def read_rows(self, worker: int = 0, num_workers: int = 1) -> Iterator[ChunkResult]:
+        """Reads ``worker, worker + num_workers, ...`` of every row not yet read, the
+        transform policy not yet applied (what a pass that drops rows reads)."""
+        return self.view._read_rows(every_row(self.stream), worker, num_workers)
+
+    def survivors(self, chunks: Iterator[ChunkResult]) -> Iterator[Survivor]:
+        """The samples that survive, in order, from :meth:`read_rows`' chunks."""
+        return self.view._survivors(self.stream, chunks)
+
+    def survivor_batches(self, survivors: Iterator[Survivor], batch_size: int,
+                         collate_fn: Callable[[list[Any]], Any] | None
+                         ) -> Iterator[tuple[Any, list[tuple[int, int]], ReadCost, float]]:
+        return self.view._survivor_batches(survivors, batch_size, collate_fn)
+
+    def read_ahead_everything(self) -> None:
+        """Count the whole stream as requested (DataLoader workers hold the whole plan)."""
+        self.view._gauge.requested = self.view._gauge.total
+
+    def received(self, rows: int) -> None:
+        """Count ``rows`` arriving in the consuming process."""
+        self.view._gauge.received += rows
+
+    def deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float, *,
+                batches: int, survivors: list[tuple[int, int]] | None = None) -> None:
+        """Commit ``size`` sample slots (or exactly the ``survivors``) as consumed, unless
+        the pass was superseded."""
+        self.view._check_generation(self.generation)
+        self.view._delivered(size, cost, skipped, wait_s, batches=batches,
+                             survivors=survivors)
+
+    def finished(self) -> None:
+        """The pass read its stream to the end: the next iteration starts the next epoch."""
+        view = self.view
+        view._cursor.ended = self.generation == view._cursor.generation
+
+    def close(self) -> None:
+        view = self.view
+        if self.generation == view._cursor.generation:
+            view._gauge.stop()
 
 
 class Reading:
@@ -182,15 +255,6 @@ class Reading:
             if order.finished:
                 return
 
-    def _timed(self, batches: Iterator[T]) -> Iterator[tuple[T, float]]:
-        """Each batch with the time the consumer waited for it."""
-        while True:
-            started = time.monotonic()
-            batch = next(batches, None)
-            if batch is None:
-                return
-            yield batch, time.monotonic() - started
-
     def _delivered(self, size: int, cost: ReadCost, skipped: int,
                    wait_s: float, *, batches: int,
                    survivors: list[tuple[int, int]] | None = None) -> None:
@@ -217,10 +281,10 @@ class Reading:
         pairs, cost, wait)."""
         from torch.utils.data import default_collate
 
-        timed = self._timed(survivors)
+        waited = timed(survivors)
         while True:
             items, taken, cost, wait = [], [], NO_COST, 0.0
-            for (split, position, item, c), w in itertools.islice(timed, batch_size):
+            for (split, position, item, c), w in itertools.islice(waited, batch_size):
                 items.append(item)
                 taken.append((split, position))
                 cost, wait = cost + c, wait + w
@@ -228,18 +292,14 @@ class Reading:
                 return
             yield (collate_fn or default_collate)(items), taken, cost, wait
 
-    def _begin(self, lease: weakref.ref[Iterator[Any]] | None = None
-               ) -> tuple[RankStream, int]:
+    def begin_pass(self, lease: weakref.ref[Iterator[Any]] | None = None) -> Pass:
         """Start iterator ``lease``: refuse a second live iterator, move to the next epoch
         if this view itself read this one to its end, then a fresh generation.
 
         Only the view's own reading moves it on: a state just loaded in which this rank's
         splits are complete (other ranks may still be reading the epoch) yields nothing.
         """
-        active = self._lease() if self._lease is not None else None
-        if active is not None and getattr(active, "gi_frame", None) is not None and (
-                lease is None or active is not lease()):
-            raise RuntimeError(CONCURRENT)
+        self._refuse_concurrent(lease)
         c = self._cursor
         if c.ended or (self.samples_remaining == 0 and c.consumed > 0):
             logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
@@ -249,19 +309,25 @@ class Reading:
             logger.info("rank %d has no samples left in epoch %d; call set_epoch(%d) to "
                         "start the next one", self._rank, self._spec.epoch,
                         self._spec.epoch + 1)
+        stream = self._cursor.rebase(worker_share(self._owned, self._claim(lease)))
+        self._gauge.start(len(every_row(stream) if self._drops else stream))
+        return Pass(self, stream, self._cursor.generation)
+
+    def _refuse_concurrent(self, lease: weakref.ref[Iterator[Any]] | None) -> None:
+        active = self._lease() if self._lease is not None else None
+        if active is not None and getattr(active, "gi_frame", None) is not None and (
+                lease is None or active is not lease()):
+            raise RuntimeError(CONCURRENT)
+
+    def _claim(self, lease: weakref.ref[Iterator[Any]] | None) -> WorkerInfo | None:
+        """Make ``lease`` the view's iterator, of a fresh generation; the DataLoader worker
+        this process is (None outside one)."""
         worker, real = current_worker(self._options.worker_info_override)
         if real and lease is not None:  # a plain DataLoader worker: the trainer cannot know
             self._untracked[0] = 1
-        stream = self._cursor.rebase(worker_share(self._owned, worker))
         self._cursor.generation += 1
         self._lease = lease
-        self._gauge.start(len(every_row(stream) if self._drops else stream))
-        return stream, self._cursor.generation
-
-    def _end(self, generation: int) -> None:
-        """An iterator of ``generation`` stopped (ended: read its stream to the end)."""
-        if generation == self._cursor.generation:
-            self._gauge.stop()
+        return worker
 
     def _check_generation(self, generation: int) -> None:
         if generation != self._cursor.generation:
@@ -275,24 +341,22 @@ class Reading:
         return self._transform is not None and self._transform.drops_rows
 
     def _samples(self, lease: Lease) -> Iterator[Any]:
-        stream, generation = self._begin(lease[0])
+        p = self.begin_pass(lease[0])
         try:
-            if self._drops:
-                for split, position, item, cost in self._survivors(
-                        stream, self._read_rows(every_row(stream))):
-                    self._check_generation(generation)
-                    self._delivered(1, cost, 0, 0.0, batches=0, survivors=[(split, position)])
+            if p.drops_rows:
+                for split, position, item, cost in p.survivors(p.read_rows()):
+                    p.deliver(1, cost, 0, 0.0, batches=0, survivors=[(split, position)])
                     yield item
             else:
-                yield from self._sample_rows(stream, generation)
-            self._cursor.ended = generation == self._cursor.generation
+                yield from self._sample_rows(p)
+            p.finished()
         finally:
-            self._end(generation)
+            p.close()
 
-    def _sample_rows(self, stream: RankStream, generation: int) -> Iterator[Any]:
+    def _sample_rows(self, p: Pass) -> Iterator[Any]:
         # Batches the size of the first read: cut from the growing reads, rarely re-joined.
         group = self._sizing.first_rows
-        for batch, wait_s in self._timed(self._read_batches(stream, group)):
+        for batch, wait_s in timed(p.read_batches(group)):
             cost = batch.cost
             if isinstance(batch.payload, list):
                 rows = batch.payload
@@ -301,35 +365,32 @@ class Reading:
                 rows = as_items(batch.payload)
                 cost = cost + ReadCost(0, 0.0, time.perf_counter() - started)
             for i, row in enumerate(rows):
-                self._check_generation(generation)
                 skipped = isinstance(row, Skipped)
                 # The chunk's cost and wait are booked with its first row.
-                self._delivered(1, NO_COST if i else cost, int(skipped),
-                                0.0 if i else wait_s, batches=0)
+                p.deliver(1, NO_COST if i else cost, int(skipped), 0.0 if i else wait_s,
+                          batches=0)
                 if not skipped:
                     yield row
 
     def _batches(self, lease: Lease, batch_size: int,
                  collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
-        stream, generation = self._begin(lease[0])
+        p = self.begin_pass(lease[0])
         try:
-            if self._drops:
-                survivors = self._survivors(stream, self._read_rows(every_row(stream)))
-                for out, taken, cost, wait_s in self._survivor_batches(survivors, batch_size,
-                                                                       collate_fn):
-                    self._check_generation(generation)
-                    self._delivered(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
+            if p.drops_rows:
+                survivors = p.survivors(p.read_rows())
+                for out, taken, cost, wait_s in p.survivor_batches(survivors, batch_size,
+                                                                   collate_fn):
+                    p.deliver(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
                     yield out
             else:
-                batches = self._read_batches(stream, batch_size, as_tensors=collate_fn is None)
-                for batch, wait_s in self._timed(batches):
+                batches = p.read_batches(batch_size, as_tensors=collate_fn is None)
+                for batch, wait_s in timed(batches):
                     out, skipped = collate(batch.payload, collate_fn)
-                    self._check_generation(generation)
-                    self._delivered(batch.size, batch.cost, skipped, wait_s, batches=1)
+                    p.deliver(batch.size, batch.cost, skipped, wait_s, batches=1)
                     yield out
-            self._cursor.ended = generation == self._cursor.generation
+            p.finished()
         finally:
-            self._end(generation)
+            p.close()
 
     def sample_positions(self, start: int, stop: int) -> list[tuple[int, int]]:
         """``(split, position)`` of the next samples ``start .. stop-1`` (for logging/tests)."""

@@ -26,6 +26,7 @@ class ViewStats:
     batches: int = 0
     bytes: int = 0  # Arrow bytes read for the delivered samples, before any transform
     rows_skipped: int = 0  # samples whose transform failed and that were left out
+    tokens_left_out: int = 0  # packed mode: tokens past a split's block budget (per epoch)
     fetch_s: float = 0.0  # read time of the delivered samples (summed over read threads)
     transform_s: float = 0.0  # transform (or Arrow conversion) time of the same
     wait_s: float = 0.0  # time the consumer waited for data

@@ -1,0 +1,160 @@
+"""One rank's packed blocks in the reference's order (pure numpy, no I/O).
+
+The reference emits one block per owned split per cycle, splits in ascending order, until
+every split has emitted ``blocks_per_epoch / num_splits`` blocks. Block ``t`` of the rank's
+sequence is therefore block ``t // n`` of its ``(t % n)``-th split, and the only thing that
+couples the splits is that order: each split packs its own documents.
+
+:class:`RankPacker` is fed each split's documents (in permutation order, from any read
+order) and hands out the next blocks in rank order, with the exact state after them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .packing import Cut, PackConfig, SplitPacker, SplitProgress
+
+NOT_ALIGNED = ("Packed checkpoint is not aligned across the splits owned by this iterator "
+               "(their blocks_emitted_per_split differ); merge every rank's state with "
+               "merge_state_dicts() and load the merged state before resuming")
+
+
+@dataclass
+class _Queued:
+    """A cut whose blocks from ``next`` on are not delivered yet."""
+
+    cut: Cut
+    next: int = 0
+
+    def __len__(self) -> int:
+        return len(self.cut) - self.next
+
+
+@dataclass
+class Blocks:
+    """Consecutive blocks of one rank's sequence: ``[k, L]`` int64 arrays."""
+
+    input_ids: np.ndarray
+    doc_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+class RankPacker:
+    """Packs ``splits`` (global ids, ascending) from their progress, in the reference's
+    round-robin block order.
+
+    Raises ``ValueError`` when the splits have emitted different block counts (a state
+    taken mid-cycle, or one rank's state loaded on another topology without a merge).
+    """
+
+    def __init__(self, config: PackConfig, splits: Sequence[int],
+                 progress: Sequence[SplitProgress], split_len: int):
+        emitted = {p.emitted for p in progress}
+        if len(emitted) > 1:
+            raise ValueError(NOT_ALIGNED)
+        self.config, self.splits, self.split_len = config, tuple(splits), split_len
+        self.packers = [SplitPacker.resume(config, p) for p in progress]
+        self.fed = [p.consumed for p in progress]  # next position to feed, per split
+        for packer, position in zip(self.packers, self.fed):
+            packer.exhausted = position >= split_len
+        self.queues: list[deque[_Queued]] = [deque() for _ in self.splits]
+        self.last: list[tuple[Cut, int] | SplitProgress] = list(progress)
+        self.delivered = 0
+        self.start_emitted = emitted.pop() if emitted else 0
+        self.ignored_tokens = 0  # tokens of documents read after their split's budget
+
+    def __len__(self) -> int:
+        """Blocks left to deliver."""
+        n = len(self.splits)
+        return n * (self.config.blocks_per_split - self.start_emitted) - self.delivered
+
+    @property
+    def aligned(self) -> bool:
+        """Every split has delivered as many blocks (a state may be taken now)."""
+        return self.delivered % max(1, len(self.splits)) == 0
+
+    def _counts(self, count: int) -> list[int]:
+        """Blocks of each split among the next ``count`` of the rank's sequence."""
+        n, t0 = len(self.splits), self.delivered
+        return [len(range(t0 + (i - t0) % n, t0 + count, n)) for i in range(n)]
+
+    def wants(self, count: int) -> int | None:
+        """The split (local index) that needs documents before the next ``count`` blocks
+        can be taken, or None when they can; cuts blocks as they become ready."""
+        for i, need in enumerate(self._counts(min(count, len(self)))):
+            queued = sum(len(q) for q in self.queues[i])
+            packer = self.packers[i]
+            while queued < need:
+                if not packer.ready():
+                    return i
+                cut = packer.cut_ready(need - queued)
+                self.queues[i].append(_Queued(cut))
+                queued += len(cut)
+        return None
+
+    def feed(self, i: int, positions: np.ndarray, values: np.ndarray,
+             offsets: np.ndarray) -> None:
+        """Split ``i``'s documents at permutation ``positions`` (consecutive from where its
+        feeding stands)."""
+        if len(positions) == 0:
+            return
+        if positions[0] != self.fed[i] or positions[-1] != self.fed[i] + len(positions) - 1:
+            raise RuntimeError(f"documents of split {self.splits[i]} arrived out of order "
+                               f"(positions {positions[0]}.. after {self.fed[i]})")
+        self.fed[i] += len(positions)
+        packer = self.packers[i]
+        if packer.budget_left == 0:
+            self.ignored_tokens += int(offsets[-1]) + len(positions)
+        else:
+            packer.feed(values, offsets, last=self.fed[i] >= self.split_len)
+
+    def take(self, count: int) -> Blocks:
+        """The next ``count`` blocks (after ``wants(count)`` returned None)."""
+        count = min(count, len(self))
+        L = self.config.block_len
+        ids = np.empty((count, L), dtype=np.int64)
+        docs = np.empty((count, L), dtype=np.int64)
+        n, t0 = len(self.splits), self.delivered
+        for i, need in enumerate(self._counts(count)):
+            rows = slice((i - t0) % n, count, n)
+            got_ids, got_docs = [], []
+            while need:
+                q = self.queues[i][0]
+                j, use = q.next, min(need, len(q))
+                got_ids.append(q.cut.input_ids[j:j + use])
+                got_docs.append(q.cut.doc_ids[j:j + use])
+                q.next = j + use
+                self.last[i] = (q.cut, q.next)
+                if not len(q):
+                    self.queues[i].popleft()
+                need -= use
+            if got_ids:
+                ids[rows] = np.concatenate(got_ids)
+                docs[rows] = np.concatenate(got_docs)
+        self.delivered += count
+        return Blocks(ids, docs)
+
+    def progress(self) -> list[SplitProgress]:
+        """Each split's state after the blocks delivered so far."""
+        out = []
+        for last in self.last:
+            if isinstance(last, SplitProgress):
+                out.append(last)
+            else:
+                cut, j = last
+                out.append(cut.progress_after(j))
+        return out
+
+    def left_out(self) -> tuple[list[int], int]:
+        """Once the budget is spent: splits (local indices) with documents never read, and
+        the tokens known to be left out (held by packers or read after the budget)."""
+        unread = [i for i, p in enumerate(self.packers) if self.fed[i] < self.split_len]
+        held = sum(p.held for p in self.packers if p.budget_left == 0)
+        return unread, held + self.ignored_tokens

@@ -1,0 +1,59 @@
+"""The read-only properties of a view: where it stands and what it reads."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..plan.splits import PlanSpec, SplitPlan
+    from ..plan.table import TableRef
+    from ..state import format as st
+    from ..stream.cursor import Cursor
+
+
+class ViewProperties:
+    """Properties of :class:`~lance_ray.view.dataset.StreamingDataset`."""
+
+    _spec: PlanSpec
+    _rank: int
+    _world_size: int
+    _cursor: Cursor
+    _table: TableRef
+    _plan: SplitPlan
+    _identity: st.PlanIdentity
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose plan this view reads."""
+        return self._spec.epoch
+
+    @property
+    def num_splits(self) -> int:
+        return self._spec.num_splits
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def global_step(self) -> int:
+        """Batches delivered in this epoch (resumed states continue their count)."""
+        return self._cursor.batches
+
+    @property
+    def table_version(self) -> int:
+        """The pinned table version every read goes to."""
+        return self._table.version
+
+    @property
+    def plan(self) -> SplitPlan:
+        """This rank's part of the current epoch's plan."""
+        return self._plan
+
+    @property
+    def identity(self) -> st.PlanIdentity:
+        return self._identity
