@@ -16,8 +16,11 @@ batch 7x slower here.) For the tensor batch path each read is converted to
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,16 +173,51 @@ class RayDataReader:
                                                      float(transform_s) + convert_s))
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
-        reqs = list(requests)
+        chunks = self._iter_chunks(list(requests))
+        _close_at_exit(chunks)
+        return chunks
+
+    def _iter_chunks(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         if not reqs:
             return
         blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
                                                  prefetch_batches=self.prefetch_batches)
-        budget = None if self.sizing is None else self.sizing.budget_bytes
-        for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
-                             self.prefetch_batches, cost=lambda b: b.nbytes, budget=budget,
-                             held=self.held):
-            yield from results
+        try:
+            budget = None if self.sizing is None else self.sizing.budget_bytes
+            for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
+                                 self.prefetch_batches, cost=lambda b: b.nbytes,
+                                 budget=budget, held=self.held):
+                yield from results
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()  # Ray Data's prefetch threads stop now, while Ray is still up
+
+
+_open_pipelines: weakref.WeakSet[Iterator[ChunkResult]] = weakref.WeakSet()
+
+
+def _close_at_exit(chunks: Iterator[ChunkResult]) -> None:
+    """Close ``chunks`` at interpreter exit if it is still open then.
+
+    Registered after ``ray`` is imported, so it runs before Ray's own exit handler: an
+    iterator the user left open stops while Ray is up, instead of its prefetch threads
+    waiting forever on a shut-down cluster (the interpreter joins them before it exits).
+    """
+    _register_exit_hook()
+    _open_pipelines.add(chunks)
+
+
+@functools.cache
+def _register_exit_hook() -> None:
+    atexit.register(_close_open_pipelines)
+
+
+def _close_open_pipelines() -> None:
+    for chunks in list(_open_pipelines):
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def _first_row(value: float, rows: int) -> pa.Array:

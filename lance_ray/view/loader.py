@@ -162,9 +162,9 @@ class StreamingDataLoader(DataLoader):
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset
-        if dataset._packing is not None:
-            yield from dataset._packed_batches(lease, self._batch_size_samples,
-                                               self._source.collate_fn)
+        if dataset.packed:  # blocks are packed in this process (workers are refused)
+            yield from dataset.iter_batches(self._batch_size_samples,
+                                            collate_fn=self._source.collate_fn)
             return
         p = dataset.begin_pass(lease[0])
         self._source.pass_ = p  # pickled into the workers started below

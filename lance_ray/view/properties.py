@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from ..plan.table import TableRef
     from ..state import format as st
     from ..stream.cursor import Cursor
+    from .packed import PackOptions
 
 
 class ViewProperties:
@@ -21,6 +22,12 @@ class ViewProperties:
     _table: TableRef
     _plan: SplitPlan
     _identity: st.PlanIdentity
+    _packing: PackOptions | None
+
+    @property
+    def packed(self) -> bool:
+        """Whether this view yields packed token blocks (``pack_sequences``)."""
+        return self._packing is not None
 
     @property
     def epoch(self) -> int:
