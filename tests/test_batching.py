@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from lance_ray.plan.splits import PlanSpec, SplitPlan
 from lance_ray.read.batching import requests_for, selected_batches
-from lance_ray.read.requests import FIRST_READ_ROWS, read_sizes
+from lance_ray.read.requests import FIRST_READ_ROWS, ReadSizing, read_sizes
 from lance_ray.stream.order import stream_for
 
 
@@ -40,7 +40,7 @@ def test_requests_cover_exactly_the_samples_of_a_workers_batches(
     for worker in range(num_workers):
         wanted = selected_batches(len(stream), batch_size, worker, num_workers)
         requests = list(requests_for(plan, stream, [(lo, hi) for _, lo, hi in wanted],
-                                     chunk_rows))
+                                     ReadSizing(chunk_rows)))
         spans = [s for r in requests for s in r.spans]
         assert [i for lo, hi in spans for i in range(lo, hi)] == [
             i for _, lo, hi in wanted for i in range(lo, hi)]
@@ -50,3 +50,25 @@ def test_requests_cover_exactly_the_samples_of_a_workers_batches(
             assert np.array_equal(r.row_ids, expect)
         sizes = [len(r.row_ids) for r in requests]
         assert sizes[:-1] == list(itertools.islice(read_sizes(chunk_rows), max(len(sizes) - 1, 0)))
+
+
+@settings(deadline=None, max_examples=200)
+@given(max_rows=st.integers(1, 100_000), row_bytes=st.integers(1, 4 << 20),
+       target=st.integers(1, 64 << 20))
+def test_reads_sized_by_bytes_stay_under_the_target_and_the_row_bound(max_rows, row_bytes,
+                                                                      target):
+    sizing = ReadSizing(max_rows, row_bytes, target)
+    sizes = list(itertools.islice(sizing.sizes(), 24))
+    assert all(1 <= s <= max_rows for s in sizes)
+    # A read holds one row at least, and never more bytes than the target otherwise.
+    assert all(s == 1 or s * row_bytes <= target for s in sizes)
+    assert sizes[0] <= FIRST_READ_ROWS and sizes[-1] == sizing.steady_rows
+    assert all(b in (2 * a, sizing.steady_rows) for a, b in zip(sizes, sizes[1:]))
+
+
+def test_wide_rows_read_a_few_rows_at_a_time_narrow_rows_up_to_the_row_bound():
+    wide = ReadSizing(65536, row_bytes=1 << 20)  # 1 MB rows: 16 MB reads, 4 MB first
+    assert (wide.first_rows, wide.steady_rows) == (4, 16)
+    narrow = ReadSizing(65536, row_bytes=276)  # the benchmark table
+    assert narrow.first_rows == FIRST_READ_ROWS and narrow.steady_rows == 60_787
+    assert ReadSizing(65536).steady_rows == 65536  # width unknown (remote): rows alone

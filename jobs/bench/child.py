@@ -160,11 +160,17 @@ def child_main(spec_path: str, result_path: str) -> None:
         "ru_maxrss_self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "ru_maxrss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
+    if cfg.nodes:
+        from .transform_runs import tasks_per_node
+
+        result["tasks_per_node"] = tasks_per_node()
     Path(result_path).write_text(json.dumps(result, indent=1))
-    if cfg.needs_ray:
+    if cfg.needs_ray or cfg.nodes:
         import ray
 
         ray.shutdown()
+    if "cluster" in spec:
+        spec["cluster"].shutdown()
 
 
 

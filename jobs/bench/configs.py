@@ -30,6 +30,7 @@ WARM_BATCHES = 16
 
 
 WARM_FILTER = f"id < {2 * TAKE_ROWS}"  # the warm-up table of the Ray paths
+WIDE_WARM_FILTER = "id < 512"  # the same for the wide table (32 MB of 64 KB rows)
 
 
 FRACTIONS = (0.5, 0.9)
@@ -49,21 +50,24 @@ class Config:
     label: str
     kind: str  # lance_ray | reference | ray_data | limit
     shuffle: str  # full | clump | none
-    table: str = "small"  # small | big | tokens (the packed-tokens case)
+    table: str = "small"  # small | big | wide | tokens (the packed-tokens case)
     reader: str = "ray"
     loader_workers: int | None = None  # None: iter_batches; else StreamingDataLoader workers
-    limit: str | None = None  # take_random | take_clump | scan | scan_tokens
+    limit: str | None = None  # take_random | take_clump | scan | scan_tokens | transform
     resume: bool = False
+    transform: str | None = None  # image | tokens (jobs.bench.transforms)
+    nodes: int = 0  # simulated CPU-only nodes of a cluster of the configuration's own
 
     @property
     def needs_ray(self) -> bool:
+        """Whether it runs on the driver's shared local Ray."""
         # A StreamingDataLoader with workers reads in its workers (no Ray); with
         # num_workers=0 it reads through the dataset's reader, like iter_batches.
-        return self.kind == "ray_data" or (self.kind == "lance_ray" and self.reader == "ray"
-                                           and not self.loader_workers)
+        return not self.nodes and (self.kind == "ray_data" or (
+            self.kind == "lance_ray" and self.reader == "ray" and not self.loader_workers))
 
 
-def configurations(include_big: bool) -> list[Config]:
+def configurations(include_big: bool, include_wide: bool = False) -> list[Config]:
     out = [
         Config("limit-take", f"Lance sorted take, random ids, {TAKE_ROWS}/call", "limit",
                "full", limit="take_random"),
@@ -95,6 +99,15 @@ def configurations(include_big: bool) -> list[Config]:
                    table="big", reader="ray"),
             Config("big-reference-full", "lancedb.streaming + DataLoader(nw=0)", "reference",
                    "full", table="big"),
+        ]
+    if include_wide:
+        out += [
+            Config("wide-reference-full", "lancedb.streaming + DataLoader(nw=0)", "reference",
+                   "full", table="wide"),
+            Config("wide-batch-local-full", "lance_ray iter_batches (local)", "lance_ray",
+                   "full", table="wide", reader="local"),
+            Config("wide-batch-ray-full", "lance_ray iter_batches (ray)", "lance_ray", "full",
+                   table="wide", reader="ray"),
         ]
     from .packing import packing_configurations  # it builds on this module
 

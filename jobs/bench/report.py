@@ -38,7 +38,8 @@ def fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
+def analyse(results: list[dict[str, Any]], cold: dict[str, float] | None = None
+            ) -> dict[str, Any]:
     """Ratios to the reference and to the limits, and the targets of the issue."""
     ok = {r["config"]["name"]: r for r in results if "error" not in r}
 
@@ -56,6 +57,11 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
         ref, lim = refs[c["shuffle"]], limits[c["shuffle"]]
         r["x_reference"] = r["rows_per_s"] / ref if ref else None
         r["x_limit"] = r["rows_per_s"] / lim if lim else None
+    wide_ref = ok.get("wide-reference-full")
+    for r in results:
+        if r["config"]["table"] == "wide" and "error" not in r and wide_ref:
+            r["x_reference"] = r["rows_per_s"] / wide_ref["rows_per_s"]
+            r["x_reference_rss"] = r["peak_rss_mb"] / wide_ref["peak_rss_mb"]
 
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a is not None and b else None
@@ -87,16 +93,51 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
         target_le(f"first batch after resume at 90% <= 1.2x fresh ({reader}, full shuffle)",
                   ratio(get(name, "resume_first_batch_s", "0.9"), get(name, "first_batch_s")),
                   1.2, "<= 1.2x")
+        target(f"clumped (1024) batch path ({reader}) steady >= 0.5x scan steady",
+               ratio(get(f"batch-{reader}-clump", "steady_rows_per_s"),
+                     get("limit-scan", "steady_rows_per_s")), 0.5, ">= 0.5x")
+        target(f"wide rows (64 KB) batch path ({reader}) >= 2x reference",
+               ratio(rate(f"wide-batch-{reader}-full"), rate("wide-reference-full")), 2.0,
+               ">= 2.0x")
+        target_le(f"wide rows (64 KB) batch path ({reader}) peak RSS <= reference's",
+                  ratio(get(f"wide-batch-{reader}-full", "peak_rss_mb"),
+                        get("wide-reference-full", "peak_rss_mb")), 1.0, "<= 1.0x")
     packing_targets(rate, target)
     target_le("trainer peak RSS at big rows <= 1.2x at rows (batch path, ray, full shuffle)",
               ratio(get("big-batch-ray-full", "peak_rss_mb"), get("batch-ray-full", "peak_rss_mb")),
               1.2, "<= 1.2x")
+    cold = cold or {}
+    target_le("cold start, no Ray connected: first batch <= 2x reference (default reader)",
+              ratio(cold.get("default"), cold.get("reference")), 2.0, "<= 2.0x")
     packed = {name: ok[name] for name in ok if ok[name]["config"]["table"] == "tokens"}
     ref, scan = rate("pack-reference"), rate("pack-limit-scan")
     for r in packed.values():
         r["x_reference"] = r["rows_per_s"] / ref if ref else None
         r["x_limit"] = r["rows_per_s"] / scan if scan else None
-    return {"targets": targets, "limits": limits, "references": refs}
+    return {"targets": targets, "limits": limits, "references": refs, "cold_start": cold}
+
+
+def print_head(head: str) -> None:
+    """A table's header line, underlined."""
+    print(head)
+    print("-" * len(head))
+
+
+def print_wide(wide: list[dict[str, Any]], width_bytes: int) -> None:
+    """The wide-row table: throughput and peak RSS against the reference."""
+    print(f"\nWide rows: {wide[0].get('rows', 0):,} rows of {width_bytes:,} bytes (binary), "
+          "full shuffle, batch 256; rows/s = median of 2 epochs")
+    print_head(f"{'configuration':<{W}} {'rows/s':>8} {'x ref':>7} {'MB/s':>7} "
+               f"{'1st batch s':>11} {'peak RSS MB':>11} {'x ref RSS':>9} {'tree RSS MB':>11}")
+    for r in wide:
+        if "error" in r:
+            print(f"{r['config']['label']:<{W}} FAILED: {r['error']}")
+            continue
+        print(f"{label_of(r):<{W}} {fmt_rate(r['rows_per_s']):>8} "
+              f"{fmt_ratio(r.get('x_reference')):>7} "
+              f"{r['rows_per_s'] * width_bytes / 2**20:>7.0f} "
+              f"{r['first_batch_s']:>11.3f} {r['peak_rss_mb']:>11.0f} "
+              f"{fmt_ratio(r.get('x_reference_rss')):>9} {r['tree_peak_rss_mb']:>11.0f}")
 
 
 def print_rows(small: list[dict[str, Any]], args: Any) -> None:
@@ -109,8 +150,7 @@ def print_rows(small: list[dict[str, Any]], args: Any) -> None:
           "unshuffled)")
     head = (f"{'configuration':<{W}} {'shuffle':<7} {'rows/s':>8} {'x ref':>7} {'x limit':>8} "
             f"{'steady/s':>8} {'1st batch s':>11} {'peak RSS MB':>11} {'tree RSS MB':>11}")
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     for r in small:
         c = r["config"]
         if "error" in r:
@@ -127,8 +167,7 @@ def print_rows(small: list[dict[str, Any]], args: Any) -> None:
           "first pass of the process, incl. Ray worker start-up)")
     head = (f"{'configuration':<{W}} {'shuffle':<7} {'cold':>7} {'fresh':>7} {'res 50%':>8} "
             f"{'res 90%':>8} {'90%/fresh':>9}")
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     for r in small:
         c = r["config"]
         if "error" in r or not c["resume"]:
@@ -153,8 +192,7 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
               f"rows: one pass capped at {args.big_seconds:g}s of iteration)")
         head = (f"{'configuration':<{W}} {'RSS small':>9} {'RSS big':>9} {'ratio':>7} "
                 f"{'tree big':>9} {'rows/s big':>10} {'epoch read':>10}")
-        print(head)
-        print("-" * len(head))
+        print_head(head)
         for name, r in big.items():
             if "error" in r:
                 print(f"{r['config']['label']:<{W}} FAILED: {r['error']}")
@@ -167,6 +205,17 @@ def print_report(results: list[dict[str, Any]], analysis: dict[str, Any], args: 
                   f"{r['tree_peak_rss_mb']:>9.0f} {fmt_rate(r['rows_per_s']):>10} {frac:>10.0%}")
 
     print_packing(results, args)
+    wide = [r for r in results if r["config"]["table"] == "wide"]
+    if wide:
+        print_wide(wide, args.wide_bytes)
+    cold = analysis.get("cold_start") or {}
+    if cold:
+        print("\nCold start: a fresh process, no Ray connected, construct + first batch "
+              "(median s)")
+        for kind, s in cold.items():
+            ref = cold.get("reference")
+            print(f"  {kind:<10} {s:>7.3f}  {fmt_ratio(s / ref if ref else None)}")
+
     print("\nTargets")
     for t in analysis["targets"]:
         if args.only and t["holds"] is None:

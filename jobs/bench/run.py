@@ -9,12 +9,14 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..cold_start import measure as measure_cold
 from .configs import (
     BATCH,
     CLUMP,
@@ -24,14 +26,16 @@ from .configs import (
     SEED,
     SPLITS,
     TAKE_ROWS,
+    WIDE_WARM_FILTER,
     Config,
     configurations,
 )
 from .memory import TreeSampler, tree_rss_mb
 from .packing import GROUP, PACK_BATCH, PACK_DOCS, PACK_LEN, PACK_MEAN_LEN, PACK_TABLE
 from .report import analyse, chart, fmt_rate, print_report
+from .transform_runs import transform_configurations, transform_report
 
-TABLE_NAMES = {"small": "bench", "big": "bench_big", "tokens": PACK_TABLE}
+TABLE_NAMES = {"small": "bench", "big": "bench_big", "wide": "wide", "tokens": PACK_TABLE}
 
 
 def start_ray() -> str:
@@ -39,7 +43,16 @@ def start_ray() -> str:
     import ray
 
     t = time.perf_counter()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    for attempt in range(3):  # on a loaded machine the raylet can miss Ray's 30 s start wait
+        try:
+            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                     _temp_dir=tempfile.mkdtemp(prefix="lance_ray_bench_ray_"))
+            break
+        except Exception as e:  # Ray raises a bare Exception for it
+            if attempt == 2 or "timed out during startup" not in str(e):
+                raise
+            print(f"Ray did not start ({e}); trying again", flush=True)
+            ray.shutdown()
     address = ray.get_runtime_context().gcs_address
     print(f"started a local Ray (num_cpus=2) at {address} in {time.perf_counter() - t:.1f}s",
           flush=True)
@@ -112,11 +125,16 @@ def main() -> None:
                    help="cap on one timed epoch; a capped epoch is measured over its part")
     p.add_argument("--big-seconds", type=float, default=25.0,
                    help="iteration time cap of the one pass at --big-rows")
-    p.add_argument("--only", default="",
-                   help=f"comma-separated configuration names, or {GROUP!r} for the "
-                        "packed-tokens case alone")
+    p.add_argument("--wide-rows", type=int, default=40_000,
+                   help="rows of the wide table (0: skip the wide-row configurations)")
+    p.add_argument("--wide-bytes", type=int, default=65_536, help="bytes per wide row")
+    p.add_argument("--cold-trials", type=int, default=3,
+                   help="fresh processes per loader for the no-cluster cold start (0: skip)")
     p.add_argument("--pack-docs", type=int, default=PACK_DOCS,
                    help="documents of the packed-tokens case's table")
+    p.add_argument("--only", default="",
+                   help=f"comma-separated configuration names, or {GROUP!r} (the packed-tokens "
+                        "case), 'transforms' (the transform cases) or 'cold-start'")
     args = p.parse_args()
     db = Path(args.out).resolve() / "db"
 
@@ -129,10 +147,12 @@ def main() -> None:
     os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
     # Tables are written by a subprocess: this process stays small and never touches Lance
     # (forking after Lance has started its threads is unsafe), it only starts Ray.
-    configs = configurations(include_big=args.big_rows > 0)
-    if args.only:
-        wanted = set(args.only.split(","))
+    wanted = set(args.only.split(",")) if args.only else set()
+    configs = configurations(include_big=args.big_rows > 0, include_wide=args.wide_rows > 0) \
+        + transform_configurations()
+    if wanted:
         configs = [c for c in configs if c.name in wanted
+                   or ("transforms" in wanted and c.transform)
                    or (GROUP in wanted and c.table == "tokens")]
     needed = {c.table for c in configs}
     tables_json = out / "tables.json"
@@ -140,10 +160,19 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "jobs.bench.tables", str(db),
                     str(args.rows if "small" in needed else 0),
                     str(args.big_rows if "big" in needed else 0), str(args.fragments),
-                    str(tables_json), str(args.pack_docs if "tokens" in needed else 0)],
+                    str(tables_json), str(args.wide_rows if "wide" in needed else 0),
+                    str(args.wide_bytes), str(args.pack_docs if "tokens" in needed else 0)],
                    check=True, cwd=REPO, env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
     tables = json.loads(tables_json.read_text())
     big = tables["big"]
+    if any(c.transform for c in configs):
+        subprocess.run([sys.executable, "-m", "jobs.bench.transforms", "tables", str(db),
+                        str(out / "transform_tables.json")], check=True, cwd=REPO,
+                       env=os.environ | ENV | {"PYTHONWARNINGS": "ignore"})
+        tables |= json.loads((out / "transform_tables.json").read_text())
+    # Ray workers import the transforms from this checkout (jobs.bench.transforms).
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     ray_address = start_ray() if any(c.needs_ray for c in configs) else None
     results = []
     for i, cfg in enumerate(configs, 1):
@@ -152,11 +181,14 @@ def main() -> None:
         print(f"[{i:>2}/{len(configs)}] {cfg.name}: {cfg.label}, shuffle {cfg.shuffle}, "
               f"{tbl['rows']:,} rows  (t+{time.monotonic() - started:.0f}s)", flush=True)
         once = cfg.table == "big"  # one capped pass, no warm-up: the RSS check
-        spec = {"db": str(db), "table_name": TABLE_NAMES[cfg.table],
+        spec = {"db": str(db), "table_name": TABLE_NAMES.get(cfg.table, cfg.table),
                 "uri": tbl["uri"], "rows": tbl["rows"],
                 "blocks_per_epoch": tbl.get("blocks_per_epoch"),
-                "repeats": 1 if once else args.repeats, "warm_up": not once,
+                "repeats": 1 if once else {"wide": 2}.get(cfg.table, args.repeats),
+                "warm_up": not once,
                 "max_seconds": args.big_seconds if once else args.max_seconds}
+        if cfg.table == "wide":
+            spec["warm_filter"] = WIDE_WARM_FILTER
         r = run_child(cfg, spec, out, timeout=max(180.0, 8 * args.max_seconds),
                       ray_address=ray_address)
         results.append(r)
@@ -168,7 +200,13 @@ def main() -> None:
         import ray
 
         ray.shutdown()
-    analysis = analyse(results)
+    cold = None
+    if args.cold_trials and (not wanted or "cold-start" in wanted):
+        print("cold start: fresh processes, no Ray connected (reference, lance_ray default)",
+              flush=True)
+        cold = measure_cold(str(db), TABLE_NAMES["small"], ["reference", "default"],
+                            args.cold_trials)
+    analysis = analyse(results, cold)
     total = time.monotonic() - started
     notes = []
     if any(not r.get("complete", True) for r in results if r["config"]["table"] == "small"):
@@ -192,7 +230,17 @@ def main() -> None:
                      "again with multiprocessing_context='forkserver'")
     notes.append(f"timings are noisy on a shared 2-core machine; total run {total:.0f}s"
                  + (" (OVER the 10-minute budget)" if total > 600 else ""))
+    lines: list[str] = []
+    if any(c.transform for c in configs):
+        lines, analysis["transform_targets"] = transform_report(results)
+        notes.append("transforms: " + " / ".join(
+            f"{name} {t['rows']:,} rows" for name, t in tables.items()
+            if t and name not in TABLE_NAMES) + "; the CPU-only nodes of the "
+            "scaling rows are simulated on this machine's cores (ray.cluster_utils), so they "
+            "show placement, not added hardware")
     print_report(results, analysis, args, notes)
+    if lines:
+        print("\n" + "\n".join(lines))
     meta = {"rows": args.rows, "big_rows": args.big_rows, "repeats": args.repeats, "dim": DIM,
             "batch_size": BATCH, "num_splits": SPLITS, "clump": CLUMP, "seed": SEED,
             "take_rows": TAKE_ROWS, "max_seconds": args.max_seconds,
@@ -204,8 +252,9 @@ def main() -> None:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - total))}
     (out / "bench.json").write_text(json.dumps(
         {"meta": meta, "results": results, **analysis, "notes": notes}, indent=1))
-    chart(results, out / "bench.png",
-          f"lance_ray vs lancedb.streaming vs Lance's limits\n{args.rows:,} rows, dim {DIM}, "
-          f"batch {BATCH}, {SPLITS} splits, {os.cpu_count()} CPUs")
+    if any(r["config"]["table"] == "small" and "error" not in r for r in results):
+        chart(results, out / "bench.png",
+              f"lance_ray vs lancedb.streaming vs Lance's limits\n{args.rows:,} rows, dim {DIM}, "
+              f"batch {BATCH}, {SPLITS} splits, {os.cpu_count()} CPUs")
     print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'} in {total:.0f}s")
 

@@ -109,6 +109,10 @@ def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = Non
         from .packing import packing_runner  # it builds on this module
 
         return packing_runner(spec, cfg)
+    if cfg.transform:
+        from .transform_runs import transform_runner
+
+        return transform_runner(spec, cfg, mp_context)
     clump = SHUFFLES.get(cfg.shuffle)
     rows = spec["rows"]
     epoch_rows = rows - rows % SPLITS
@@ -158,7 +162,8 @@ def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = Non
 
     return Runner(make_lr, lambda b: len(b["id"]), epoch_rows, ids=lambda b: int(b["id"].sum()),
                   state=lambda holder: holder.state_dict(),
-                  warm=(lambda state: make_lr(state, WARM_FILTER)) if cfg.needs_ray else None)
+                  warm=(lambda state: make_lr(state, spec.get("warm_filter", WARM_FILTER)))
+                  if cfg.needs_ray else None)
 
 
 def limit_runner(uri: str, which: str) -> Runner:

@@ -1,6 +1,9 @@
 """The benchmark's tables, created (or reused) in a subprocess so the driver never opens Lance.
 
-    python -m jobs.bench.tables OUT ROWS BIG_ROWS FRAGMENTS RESULT.json [PACK_DOCS]
+    python -m jobs.bench.tables OUT ROWS BIG_ROWS FRAGMENTS RESULT.json WIDE_ROWS WIDE_BYTES \
+        PACK_DOCS
+
+A count of 0 leaves that table out.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from .configs import (
     SPLITS,
 )
 from .packing import PACK_LEN, PACK_MEAN_LEN, PACK_TABLE, PACK_VOCAB
+from .wide import ensure_wide_table
 
 
 def ensure_table(db: Path, name: str, rows: int, fragments: int,
@@ -56,16 +60,17 @@ def ensure_table(db: Path, name: str, rows: int, fragments: int,
 
 
 def main(argv: list[str]) -> None:
-    """Write ``{"small", "big", "tokens": info or None}`` of the ensured tables to RESULT
-    (a table of 0 rows is not made)."""
-    db, rows, big_rows, fragments, result = argv[:5]
-    pack_docs = int(argv[5]) if len(argv) > 5 else 0
+    """Write ``{"small", "big", "wide", "tokens": info or None}`` of the ensured tables to
+    RESULT (a table of 0 rows is not made)."""
+    db, rows, big_rows, fragments, result, wide_rows, wide_bytes, pack_docs = argv
     tables = {"small": ensure_table(Path(db), "bench", int(rows), int(fragments))
               if int(rows) else None,
               "big": ensure_table(Path(db), "bench_big", int(big_rows), int(fragments))
               if int(big_rows) else None,
-              "tokens": ensure_table(Path(db), PACK_TABLE, pack_docs, int(fragments),
-                                     tokens=True) if pack_docs else None}
+              "wide": ensure_wide_table(Path(db), "wide", int(wide_rows), int(wide_bytes))
+              if int(wide_rows) else None,
+              "tokens": ensure_table(Path(db), PACK_TABLE, int(pack_docs), int(fragments),
+                                     tokens=True) if int(pack_docs) else None}
     Path(result).write_text(json.dumps(tables))
 
 

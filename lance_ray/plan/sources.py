@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
-import ray
-
 from ..state import ledger as lg
 from ..state.reporting import Reporter, ReportPolicy
 from ..topology import Topology
@@ -136,6 +134,14 @@ def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
     return part
 
 
+def _ray() -> Any:
+    """Ray, imported where a coordinator is used: a view without one (no cluster connected)
+    never pays for importing it (1-3 s of a cold start here)."""
+    import ray
+
+    return ray
+
+
 def ray_is_up() -> bool:
     ray = sys.modules.get("ray")
     return ray is not None and ray.is_initialized()
@@ -144,7 +150,7 @@ def ray_is_up() -> bool:
 def find_coordinator(name: str, namespace: str) -> Any:
     """The handle of the live coordinator actor ``name`` in ``namespace``."""
     try:
-        return ray.get_actor(name, namespace=namespace)
+        return _ray().get_actor(name, namespace=namespace)
     except ValueError as e:
         raise ValueError(
             f"no coordinator named {name!r} in namespace {namespace!r}; create it with "
@@ -162,10 +168,10 @@ class _ActorChannel:
         return self.handle.report_batch.remote(batch)
 
     def finished(self, replies: list[Any]) -> list[Any]:
-        return ray.wait(replies, num_returns=len(replies), timeout=0)[0]
+        return _ray().wait(replies, num_returns=len(replies), timeout=0)[0]
 
     def result(self, reply: Any) -> Any:
-        return ray.get(reply)
+        return _ray().get(reply)
 
 
 class CoordinatorPlans:
@@ -186,17 +192,17 @@ class CoordinatorPlans:
     @classmethod
     def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
         handle = find_coordinator(name, namespace)
-        return cls(handle, ReportPolicy(**ray.get(handle.report_policy.remote())))
+        return cls(handle, ReportPolicy(**_ray().get(handle.report_policy.remote())))
 
     def describe(self) -> tuple[TableRef, PlanSpec]:
-        return ray.get(self.handle.describe.remote())
+        return _ray().get(self.handle.describe.remote())
 
     def start(self, topology: Topology) -> dict[str, Any]:
         """The state a new view of ``topology`` starts from (the coordinator may resize)."""
-        return ray.get(self.handle.start.remote(topology))
+        return _ray().get(self.handle.start.remote(topology))
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
-        return ray.get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
+        return _ray().get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
 
     def report(self, report: lg.RankReport, *, final: bool = False) -> None:
         self._reporter.add(report, final=final)
@@ -207,7 +213,7 @@ class CoordinatorPlans:
 
     def set_epoch(self, epoch: int) -> None:
         self._reporter.flush(wait=True)  # the old epoch's last steps seal before it ends
-        ray.get(self.handle.set_epoch.remote(epoch))
+        _ray().get(self.handle.set_epoch.remote(epoch))
 
     def __getstate__(self) -> dict[str, Any]:
         return {"handle": self.handle, "policy": self.policy}

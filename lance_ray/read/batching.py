@@ -16,7 +16,8 @@ import numpy as np
 from ..plan.splits import SplitPlan
 from ..stream.order import RankStream
 from .convert import Columns, concat
-from .requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, read_sizes
+from .items import ItemColumns, as_items
+from .requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, ReadSizing
 from .transform import delivered
 
 
@@ -27,7 +28,7 @@ class Batch:
     index: int
     start: int
     size: int
-    payload: Any  # Columns (tensors), a pyarrow.RecordBatch, or transformed items
+    payload: Any  # Columns (tensors), a pyarrow.RecordBatch, or items (ItemColumns or a list)
     cost: ReadCost = NO_COST  # of the reads that arrived while this batch was completed
 
 
@@ -42,13 +43,13 @@ def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: 
 
 
 def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, int]],
-                 chunk_rows: int) -> Iterator[ChunkRequest]:
-    """Read requests covering ``ranges`` of the stream, in order, each of ``read_sizes`` rows
-    (the last may be short); a request packs several ranges when they are short.
+                 sizing: ReadSizing) -> Iterator[ChunkRequest]:
+    """Read requests covering ``ranges`` of the stream, in order, each of ``sizing.sizes()``
+    rows (the last may be short); a request packs several ranges when they are short.
 
     Lazy, one request at a time: the row ids of a whole epoch are never materialised at once.
     """
-    sizes = read_sizes(chunk_rows)
+    sizes = sizing.sizes()
     spans: list[tuple[int, int]] = []
     room = next(sizes)
     for lo, hi in ranges:
@@ -114,8 +115,12 @@ def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]
 
 
 def _join(parts: list[Any]) -> Any:
-    if isinstance(parts[0], list):
-        return [x for p in parts for x in p]
+    if all(isinstance(p, ItemColumns) for p in parts):
+        joined = ItemColumns.concat(parts)
+        if joined is not None:
+            return joined
+    if isinstance(parts[0], (list, ItemColumns)):  # items, some reads' perhaps as columns
+        return [x for p in parts for x in as_items(p)]
     if isinstance(parts[0], Columns):
         return Columns.concat(parts)
     return concat(parts)
@@ -137,7 +142,9 @@ def collate(payload: Any, collate_fn: Callable[[list[Any]], Any] | None
 
             return default_collate(kept), skipped
         return collate_fn(kept), skipped
+    if isinstance(payload, ItemColumns):  # no failed rows: nothing skipped
+        return (payload.collated() if collate_fn is None else collate_fn(payload.items())), 0
     if isinstance(payload, Columns):
-        return payload.data, 0
+        return payload.batch(), 0
     assert collate_fn is not None, "Arrow payloads are read only for a collate_fn"
     return collate_fn(payload.to_pylist()), 0

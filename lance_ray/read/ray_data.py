@@ -1,12 +1,17 @@
 """The Ray Data reader: planned reads as an order-preserving Ray Data pipeline.
 
 A custom ``Datasource`` turns each read request into one read task; the user's transform
-runs as a ``map_batches`` stage in Ray tasks; the streaming executor gives prefetch and
+runs as a ``map_batches`` stage in Ray tasks (its items travel as tensor columns where they
+have that form, see ``items``); the streaming executor gives prefetch and
 backpressure, and read tasks can run on any node of the cluster. The output (an ordered
 stream of ``ChunkResult``) is the same as ``local.LocalReader``'s.
 
-Reads grow from ``FIRST_READ_ROWS`` to the view's read size, and for the tensor batch path
-each read is converted to ``convert.Columns`` once, off the consumer's thread.
+Reads grow to the view's read size (``requests.ReadSizing``: a byte target, bounded in rows),
+so each read task yields one block under the target, with its size in the block metadata
+for Ray Data's backpressure; blocks received are held within the sizing's in-flight budget.
+(Capping the pipeline's object store memory at that budget was tried and made the first
+batch 7x slower here.) For the tensor batch path each read is converted to
+``convert.Columns`` once, off the consumer's thread.
 """
 
 from __future__ import annotations
@@ -24,15 +29,15 @@ import pyarrow as pa
 
 from ..plan.table import TableRef
 from .convert import to_columns
-from .local import ahead
-from .requests import ChunkRequest, ChunkResult, ReadCost, span_results
+from .items import from_arrow, to_arrow
+from .local import Held, ahead
+from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_in_order
 from .transform import TransformPolicy, portable_items
 
 logger = logging.getLogger(__name__)
 
 SEQ_COLUMN = "__lance_ray_seq"
-ITEM_COLUMN = "__lance_ray_item"
 # A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
 COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
@@ -45,11 +50,17 @@ def _datasource_cls() -> type:
     class PlannedTakeDatasource(Datasource):
         """One read task per planned chunk; each task returns its rows in plan order."""
 
-        def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest]):
+        def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
+                     sizing: ReadSizing | None = None):
             self._table, self._columns, self._chunks = table, columns, chunks
+            self._sizing = sizing
+
+        def _nbytes(self, rows: int) -> int | None:
+            sizing = self._sizing
+            return None if sizing is None or sizing.row_bytes is None else sizing.nbytes(rows)
 
         def estimate_inmemory_data_size(self) -> int | None:
-            return None
+            return self._nbytes(sum(len(c.row_ids) for c in self._chunks))
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[ReadTask]:
@@ -70,7 +81,8 @@ def _datasource_cls() -> type:
                     out = out.append_column(name, _first_row(value, batch.num_rows))
                 yield out
 
-            meta = BlockMetadata(num_rows=len(chunk.row_ids), size_bytes=None,
+            meta = BlockMetadata(num_rows=len(chunk.row_ids),
+                                 size_bytes=self._nbytes(len(chunk.row_ids)),
                                  exec_stats=None, input_files=None)
             return ReadTask(read, meta)
 
@@ -78,22 +90,28 @@ def _datasource_cls() -> type:
 
 
 class _TransformStage:
-    """The ``map_batches`` function: user transform, items kept as an object column."""
+    """The ``map_batches`` function: the user's transform, its items as Arrow columns (one
+    stacked tensor per leaf, see ``items``), or one pickle per row when they have no
+    tensor form."""
 
     def __init__(self, transform: TransformPolicy):
         self.transform = transform
 
-    def __call__(self, table: pa.Table) -> dict[str, np.ndarray]:
+    def __call__(self, table: pa.Table) -> pa.Table:
         data = table.drop_columns(list(INTERNAL_COLUMNS)).combine_chunks()
         batch = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist(
             [], schema=data.schema)
         started = time.perf_counter()
-        items = np.empty(batch.num_rows, dtype=object)
-        # Failures travel as data (Ray would wrap a raised exception and lose its type).
-        items[:] = portable_items(self.transform(batch))
-        out = {ITEM_COLUMN: items, **{c: table.column(c).to_numpy() for c in INTERNAL_COLUMNS}}
-        out[COST_COLUMNS[2]] = out[COST_COLUMNS[2]] + _first_row(
-            time.perf_counter() - started, batch.num_rows).to_numpy()
+        payload, why = self.transform.columns(batch)
+        if isinstance(payload, list):
+            # Failures travel as data (Ray would wrap a raised exception and lose its type).
+            payload = portable_items(payload)
+        out = to_arrow(payload, why)
+        spent = _first_row(time.perf_counter() - started, batch.num_rows).to_numpy()
+        for name in INTERNAL_COLUMNS:
+            col = table.column(name).to_numpy()
+            out = out.append_column(name, pa.array(col + spent if name == COST_COLUMNS[2]
+                                                   else col))
         return out
 
 
@@ -107,9 +125,11 @@ class RayDataReader:
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None,
-                 transform_tasks: int | None = None):
+                 transform_tasks: int | None = None, sizing: ReadSizing | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors = as_tensors
+        self.sizing = sizing
+        self.held = Held()  # blocks received, being converted or waiting for the consumer
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = dict(ray_remote_args or {})
         self.transform_tasks = transform_tasks
@@ -118,15 +138,18 @@ class RayDataReader:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
         import ray.data
 
-        source = _datasource_cls()(self.table, self.columns, requests)
+        source = _datasource_cls()(self.table, self.columns, requests, self.sizing)
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:
             from ray.data import TaskPoolStrategy
 
+            # The same remote args as the reads: the stage fuses with them into one task,
+            # placed where ray_remote_args say (e.g. on CPU-only nodes).
             ds = ds.map_batches(_TransformStage(self.transform), batch_format="pyarrow",
                                 batch_size=None, zero_copy_batch=True,
-                                compute=TaskPoolStrategy(size=self.transform_tasks))
+                                compute=TaskPoolStrategy(size=self.transform_tasks),
+                                **self.ray_remote_args)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
         return ds
@@ -139,13 +162,13 @@ class RayDataReader:
         nbytes, fetch_s, transform_s = (block.column(c).to_numpy().sum() for c in COST_COLUMNS)
         started = time.perf_counter()
         payload: Any
+        data = block.drop_columns(list(INTERNAL_COLUMNS))
         if self.transform is not None:
-            payload = block.column(ITEM_COLUMN).to_pylist()
+            payload = from_arrow(data)
         else:
-            data = block.drop_columns(list(INTERNAL_COLUMNS))
             payload = to_columns(data) if self.as_tensors else data.combine_chunks(
                 ).to_batches()[0]
-        convert_s = time.perf_counter() - started if self.transform is None else 0.0
+        convert_s = time.perf_counter() - started
         return span_results(spans, payload, ReadCost(int(nbytes), float(fetch_s),
                                                      float(transform_s) + convert_s))
 
@@ -160,8 +183,10 @@ class RayDataReader:
         blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
                                                  prefetch_batches=self.prefetch_batches)
         try:
+            budget = None if self.sizing is None else self.sizing.budget_bytes
             for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
-                                 self.prefetch_batches):
+                                 self.prefetch_batches, cost=lambda b: b.nbytes,
+                                 budget=budget, held=self.held):
                 yield from results
         finally:
             close = getattr(blocks, "close", None)

@@ -1,11 +1,48 @@
-"""Sorted takes at the pinned version: one Lance take per read, rows put back in plan order."""
+"""Sorted reads at the pinned version: one Lance read per request, rows put back in plan order.
+
+A Lance table is read with one scan restricted to the wanted row addresses (pylance's
+``row_addr_allowlist``), which reads each run of consecutive rows (a shuffle clump) as one
+range instead of row by row: on clumped reads it measured up to 2x a sorted ``_take_rows``
+of the same ids, and never slower on scattered ones (README "Clumped reads"). Remote tables
+and tables with stable row ids (whose ``_rowid`` is not an address) are read with a take.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..plan.table import TableRef
+
+ADDRESS = "_rowaddr"
+
+
+def _fragments(ds: Any, ids: np.ndarray) -> list[Any]:
+    """The fragments holding the (sorted) addresses ``ids``, in ascending order."""
+    found = (ds.get_fragment(int(f)) for f in np.unique(ids >> np.uint64(32)))
+    return [f for f in found if f is not None]
+
+
+def read_sorted(table: TableRef, ids: np.ndarray, columns: list[str] | None) -> pa.Table:
+    """The rows of the ascending row ids ``ids``, in that order."""
+    if type(table) is not TableRef or not len(ids):
+        return table.take_rows(ids, columns)
+    ds = table.open_lance()
+    if ds.has_stable_row_ids:
+        return table.take_rows(ids, columns)
+    from lance.dataset import serialize_row_addrs
+
+    got = ds.scanner(columns=columns, fragments=_fragments(ds, ids), scan_in_order=True,
+                     with_row_address=True,
+                     row_addr_allowlist=serialize_row_addrs(ids.tolist())).to_table()
+    # The addresses come back with the rows: the order is checked, never assumed.
+    if got.num_rows == len(ids) and not np.array_equal(
+            got.column(ADDRESS).to_numpy(), ids):
+        raise RuntimeError(f"a range read of version {table.version} returned rows out of "
+                           "address order; refusing to change the planned order")
+    return got.drop_columns([ADDRESS])
 
 
 def take_sorted(
@@ -20,7 +57,7 @@ def take_sorted(
     ids = np.asarray(row_ids, dtype=np.uint64)
     order = None if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
     wanted = ids if order is None else ids[order]
-    got = table.take_rows(wanted, columns)
+    got = read_sorted(table, wanted, columns)
     if got.num_rows != len(ids):
         raise RuntimeError(
             f"Lance returned {got.num_rows} rows for {len(ids)} planned row ids at version "

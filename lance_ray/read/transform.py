@@ -26,6 +26,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .items import ItemColumns, as_columns
+
 logger = logging.getLogger(__name__)
 
 Transform = Callable[[pa.RecordBatch], Sequence[Any]]
@@ -129,6 +131,12 @@ class TransformPolicy:
             return _items(out, batch.num_rows)  # a broken contract is never skipped
         except Exception as e:
             return [BatchFailed(e)] + [None] * (batch.num_rows - 1)
+
+    def columns(self, batch: pa.RecordBatch) -> tuple[ItemColumns | list[Any], str]:
+        """The items of ``batch`` as columns when they have a tensor form, else as a list
+        and why not (see :mod:`~lance_ray.read.items`); failures recorded, never raised."""
+        items = self(batch)
+        return as_columns(items, failed=any(isinstance(x, Failed) for x in items))
 
     def _one(self, row: pa.RecordBatch) -> Any:
         try:

@@ -41,6 +41,7 @@ from .compat import (
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
 from .packed import PackedView, pack_options
 from .properties import ViewProperties
+from .readers import choose_reader, read_sizing
 from .reading import Reading, leased
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
@@ -61,8 +62,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
     Differences that matter:
 
     * Reads (and ``transform``) run in an order-preserving Ray Data pipeline
-      (``reader="ray"``, the default) with prefetch and backpressure; ``reader="local"``
-      reads in-process.
+      (``reader="ray"``; the default ``"auto"`` when Ray is connected) with prefetch and
+      backpressure; ``reader="local"`` reads in-process.
     * ``iter_batches`` yields whole batches as tensors, checkpointable at every batch.
     * ``set_epoch`` moves to the next epoch's plan; iterating after an epoch is exhausted
       starts the next epoch (logged) instead of silently yielding nothing.
@@ -87,11 +88,12 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
             it for synchronous DDP); ``"fill"`` delivers ``fill_value`` instead. Failing
             batches are retried row by row: keep transforms deterministic. The policy (and
             a callable) runs in the consuming process.
-        read_batch_size: most rows per read (one sorted Lance take, one Ray read task);
-            reads grow to it from 4096 rows. Lower it for wide rows (images): a read holds
-            ``read_batch_size`` rows in memory, ``prefetch_batches`` reads ahead.
-        prefetch_batches: read chunks kept in flight ahead of the consumer.
-        reader: ``"ray"`` or ``"local"``.
+        read_bytes, read_batch_size: bytes (default 16 MB, from the row width) and most
+            rows per read; reads grow to them from 4 MB (at most 4096 rows).
+        prefetch_batches, prefetch_bytes: reads kept in flight, and most bytes of them
+            (default 128 MB).
+        reader: ``"auto"`` (default: ``"ray"`` when this process is connected to a Ray
+            cluster, else ``"local"``; never starts Ray), ``"ray"`` or ``"local"``.
         table_version: pin this table version (default: the table's current version).
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
@@ -129,7 +131,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         shuffle_clump_size: int | None = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
         prefetch_batches: int | None = None,
-        reader: str = "ray",
+        reader: str = "auto",
+        read_bytes: int | None = None,
+        prefetch_bytes: int | None = None,
         table_version: int | None = None,
         storage_options: StorageOptionsFactory | None = None,
         ray_remote_args: dict[str, Any] | None = None,
@@ -158,6 +162,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
                                 table_version=table_version, storage_options=storage_options,
                                 connection_factory=connection_factory)
         table_ref, spec = resolved.table, resolved.spec
+        reader = choose_reader(reader)
         if reader == "ray":
             table_ref.check_shippable()  # now, not in the first read task
         # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
@@ -168,7 +173,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
                                      eos_id, pad_id, blocks_per_epoch, pack_position_ids,
                                      pack_cu_seqlens)
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
-                           read_batch_size, prefetch_batches, reader, ray_remote_args, options)
+                           read_batch_size, prefetch_batches, reader, ray_remote_args, options,
+                           read_bytes, prefetch_bytes)
         self._init_view(table_ref, spec, plans, Topology(rank, world_size), read)
 
     @classmethod
@@ -185,7 +191,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         fill_value: Any = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
         prefetch_batches: int = DEFAULT_PREFETCH_BATCHES,
-        reader: str = "ray",
+        reader: str = "auto",
         ray_remote_args: dict[str, Any] | None = None,
     ) -> StreamingDataset:
         """A view for ``(rank, world_size)`` attached to the coordinator actor ``name``.
@@ -215,9 +221,10 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         self._columns = check_columns(table, read.columns)
         self._rank, self._world_size = rank, world_size
         self._transform = read.transform
-        self._read_batch_size = read.read_batch_size
+        self._sizing = read_sizing(table, self._columns, read.read_batch_size,
+                                   read.read_bytes, read.prefetch_bytes)
         self._prefetch_batches = read.prefetch_batches
-        self._reader_kind = read.reader
+        self._reader_kind = choose_reader(read.reader)
         self._ray_remote_args = read.ray_remote_args
         self._plans = plans
         self._options = read.reference

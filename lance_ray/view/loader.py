@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..checks import positive_int
 from ..read.batching import collate
-from ..read.requests import FIRST_READ_ROWS, NO_COST, ChunkResult, ReadCost
+from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.transform import portable_items
 from .dataset import StreamingDataset
 from .reading import Lease, Pass, leased, timed
@@ -79,8 +79,10 @@ class StreamingDataLoader(DataLoader):
     fork-safe); each opens the table itself.
 
     Without a transform and without ``collate_fn`` a batch is ``{column: tensor}`` built
-    from Arrow (fixed-size list columns become 2-D tensors); otherwise ``collate_fn``
-    (default torch's ``default_collate``) collates the batch's items.
+    from Arrow, as ``StreamingDataset.iter_batches`` gives it (fixed-size list columns
+    become 2-D tensors, list and binary columns ``{"values", "offsets", "valid"}``);
+    otherwise ``collate_fn`` (default torch's ``default_collate``) collates the batch's
+    items, in the worker.
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
@@ -167,7 +169,7 @@ class StreamingDataLoader(DataLoader):
         p = dataset.begin_pass(lease[0])
         self._source.pass_ = p  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
-        self._source.group = max(1, FIRST_READ_ROWS // self._batch_size_samples
+        self._source.group = max(1, dataset._sizing.first_rows // self._batch_size_samples
                                  ) if self.num_workers else 1
         p.read_ahead_everything()
         inner = super().__iter__()

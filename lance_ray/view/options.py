@@ -9,11 +9,10 @@ from ..checks import positive_int
 from ..read.transform import TransformPolicy
 from .compat import DEFAULT_PREFETCH_BATCHES, ReferenceOptions
 
-# Large reads: a Ray read task and a Lance take each cost a fixed overhead, and denser row
-# ids share pages (measured on 200k rows, full shuffle, local reader: 65536-row reads give
-# 2.8x the rows/s of 16384-row ones). Reads start small (read.FIRST_READ_ROWS) and grow.
+# Reads are sized by bytes (read.requests.ReadSizing), at most this many rows (measured on
+# 200k narrow rows, local reader: 65536-row reads give 2.8x the rows/s of 16384-row ones).
 DEFAULT_READ_BATCH_SIZE = 65536
-READERS = ("ray", "local")
+READERS = ("auto", "ray", "local")  # "auto": view.readers.choose_reader
 
 
 @dataclass(frozen=True)
@@ -25,9 +24,11 @@ class ReadOptions:
     transform: TransformPolicy | None = None
     read_batch_size: int = DEFAULT_READ_BATCH_SIZE
     prefetch_batches: int = DEFAULT_PREFETCH_BATCHES
-    reader: str = "ray"
+    reader: str = "auto"
     ray_remote_args: dict[str, Any] | None = None
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)
+    read_bytes: int | None = None  # None: read.requests.READ_TARGET_BYTES
+    prefetch_bytes: int | None = None  # None: read.requests.PREFETCH_BUDGET_BYTES
 
     def __post_init__(self) -> None:
         positive_int("read_batch_size", self.read_batch_size)

@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from torch.utils.data import get_worker_info
 
 from ..read.batching import Batch, assemble, collate, requests_for, selected_batches
+from ..read.items import as_items
 from ..read.local import LocalReader
 from ..read.ray_data import RayDataReader
-from ..read.requests import FIRST_READ_ROWS, NO_COST, ChunkRequest, ChunkResult, ReadCost
+from ..read.requests import NO_COST, ChunkRequest, ChunkResult, ReadCost, ReadSizing
 from ..read.transform import Failed, Skipped
 from ..stream.order import RankStream
 from ..stream.survivors import Interleaver
 from .compat import current_worker, worker_share
+from .readers import make_reader
 from .stats import progress_bar
 
 if TYPE_CHECKING:
@@ -143,7 +145,7 @@ class Reading:
     _columns: list[str] | None
     _transform: TransformPolicy | None
     _prefetch_batches: int
-    _read_batch_size: int
+    _sizing: ReadSizing
     _ray_remote_args: dict[str, Any] | None
     _plan: SplitPlan
     _spec: PlanSpec
@@ -171,14 +173,11 @@ class Reading:
 
     def _reader(self, in_worker: bool, as_tensors: bool
                 ) -> LocalReader | RayDataReader:
-        threads = self._options.transform_parallelism
-        if self._reader_kind == "local" or in_worker:
-            return LocalReader(self._table, self._columns, self._transform,
-                               as_tensors=as_tensors, prefetch=self._prefetch_batches,
-                               transform_threads=threads)
-        return RayDataReader(self._table, self._columns, self._transform,
-                             as_tensors=as_tensors, prefetch_batches=self._prefetch_batches,
-                             ray_remote_args=self._ray_remote_args, transform_tasks=threads)
+        return make_reader("local" if in_worker else self._reader_kind, self._table,
+                           self._columns, self._transform, as_tensors=as_tensors,
+                           prefetch=self._prefetch_batches, sizing=self._sizing,
+                           threads=self._options.transform_parallelism,
+                           ray_remote_args=self._ray_remote_args)
 
     def _chunks(self, stream: RankStream, requests: Iterator[ChunkRequest],
                 in_worker: bool, as_tensors: bool) -> Iterator[ChunkResult]:
@@ -220,7 +219,7 @@ class Reading:
         """
         wanted = selected_batches(len(stream), batch_size, worker, num_workers)
         requests = requests_for(self._plan, stream, [(lo, hi) for _, lo, hi in wanted],
-                                self._read_batch_size)
+                                self._sizing)
         in_worker = get_worker_info() is not None or num_workers > 1
         chunks = self._chunks(stream, requests, in_worker, as_tensors)
         return assemble((self._resolved(stream, c) for c in chunks), wanted)
@@ -228,7 +227,7 @@ class Reading:
     def _read_rows(self, rows: RankStream, worker: int = 0,
                    num_workers: int = 1) -> Iterator[ChunkResult]:
         """Reads ``worker, worker + num_workers, ...`` of ``rows``, policy not yet applied."""
-        requests = requests_for(self._plan, rows, [(0, len(rows))], self._read_batch_size)
+        requests = requests_for(self._plan, rows, [(0, len(rows))], self._sizing)
         mine = itertools.islice(requests, worker, None, num_workers)
         in_worker = get_worker_info() is not None or num_workers > 1
         return self._chunks(rows, mine, in_worker, as_tensors=False)
@@ -244,7 +243,7 @@ class Reading:
             splits, positions = rows.slice(chunk.seq, chunk.seq + len(chunk))
             before = order.dropped
             for split, position, item in zip(splits.tolist(), positions.tolist(),
-                                             chunk.payload):
+                                             as_items(chunk.payload)):
                 order.feed(split, position, item, isinstance(item, Failed))
             dropped = order.dropped - before
             self._gauge.taken += dropped
@@ -356,14 +355,14 @@ class Reading:
 
     def _sample_rows(self, p: Pass) -> Iterator[Any]:
         # Batches the size of the first read: cut from the growing reads, rarely re-joined.
-        group = min(self._read_batch_size, FIRST_READ_ROWS)
+        group = self._sizing.first_rows
         for batch, wait_s in timed(p.read_batches(group)):
             cost = batch.cost
             if isinstance(batch.payload, list):
                 rows = batch.payload
-            else:  # Arrow to Python rows here, on the consumer's thread: book it as such
+            else:  # columns to items here, on the consumer's thread: book it as such
                 started = time.perf_counter()
-                rows = batch.payload.to_pylist()
+                rows = as_items(batch.payload)
                 cost = cost + ReadCost(0, 0.0, time.perf_counter() - started)
             for i, row in enumerate(rows):
                 skipped = isinstance(row, Skipped)

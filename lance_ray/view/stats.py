@@ -7,6 +7,7 @@ the counters are exact (no racy increments from reader threads).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -134,10 +135,11 @@ class _RayMetrics:
 
     @classmethod
     def create(cls) -> _RayMetrics | None:
+        # Never import Ray here: not imported means not connected, and importing it would
+        # cost a view without a cluster 1-3 s at its first batch.
+        ray = sys.modules.get("ray")
         try:
-            import ray
-
-            return cls() if ray.is_initialized() else None
+            return cls() if ray is not None and ray.is_initialized() else None
         except Exception:  # metrics are best-effort; never break training for them
             logger.debug("Ray metrics unavailable", exc_info=True)
             return None
