@@ -92,8 +92,7 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
             credentials are never pickled or logged.
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
             (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
-        ray_remote_args: extra arguments for the Ray Data read and transform tasks (e.g.
-            ``num_cpus``, or ``resources`` that only chosen nodes have).
+        ray_remote_args: extra arguments for the Ray Data read and transform tasks.
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
@@ -217,8 +216,8 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
         self._reader_kind = choose_reader(reader)
         self._table = table
         self._columns = check_columns(table, columns)
-        self._sizing = read_sizing(table, self._columns, read_batch_size, read_bytes,
-                                   prefetch_bytes)
+        rows = read_batch_size if transform is None else transform.read_rows(read_batch_size)
+        self._sizing = read_sizing(table, self._columns, rows, read_bytes, prefetch_bytes)
         self._rank, self._world_size = rank, world_size
         self._transform = transform
         self._prefetch_batches = prefetch_batches
@@ -383,17 +382,12 @@ class StreamingDataset(Reading, ReferenceCounters, IterableDataset):
                      ) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short).
 
-        Without a transform a batch is ``{column: tensor}`` built straight from Arrow, with
-        no Python object per row: numeric columns are 1-D tensors, fixed-size lists 2-D; a
-        list column of numbers and a binary column are ``{"values": tensor, "offsets":
-        int64 tensor, "valid": bool tensor}`` (row ``i`` is
-        ``values[offsets[i]:offsets[i + 1]]``, bytes as ``uint8``; ``offsets`` has one entry
-        more than the batch has rows and starts at 0; a null row is empty and not valid).
-        Strings, and list columns whose elements hold nulls, stay lists. With a transform,
-        ``collate_fn`` (default torch's ``default_collate``) collates the items; items that
-        have a tensor form were already stacked where the transform ran, and the batch is
-        exactly what ``default_collate`` gives. Each batch is committed when it is handed
-        over, so ``state_dict()`` between batches is exact. Under
+        Without a transform a batch is ``{column: tensor}`` from Arrow, no Python object per
+        row: fixed-size lists are 2-D; list-of-number and binary columns are ``{"values",
+        "offsets" (int64, rows + 1, from 0), "valid"}`` tensors (README: "What a batch
+        holds"); strings stay lists. With a transform, ``collate_fn`` (default torch's
+        ``default_collate``; items stacked where it ran give its result) collates the items.
+        Each batch is committed when it is handed over (``state_dict()`` is exact). Under
         ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
         smaller (an empty list if none is left) and every rank yields the same number of
         batches; under ``"skip"`` every batch but the last is full.

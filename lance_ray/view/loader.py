@@ -160,8 +160,10 @@ class StreamingDataLoader(DataLoader):
         stream, generation = dataset._begin(lease[0])
         self._source.stream = stream  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
+        # A transform's batches cost far more than their message: one per group keeps the
+        # workers' shares even to the epoch's end.
         self._source.group = max(1, dataset._sizing.first_rows // self._batch_size_samples
-                                 ) if self.num_workers else 1
+                                 ) if self.num_workers and dataset._transform is None else 1
         dataset._gauge.requested = dataset._gauge.total  # the workers hold the whole plan
         inner = super().__iter__()
         try:
