@@ -161,9 +161,9 @@ def child_main(spec_path: str, result_path: str) -> None:
         "ru_maxrss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
     if cfg.nodes:
-        from .transform_runs import tasks_per_node
+        from .transform_runs import rows_per_node
 
-        result["tasks_per_node"] = tasks_per_node()
+        result["rows_per_node"] = rows_per_node(spec["node_log"])
     Path(result_path).write_text(json.dumps(result, indent=1))
     if cfg.needs_ray or cfg.nodes:
         import ray

@@ -43,13 +43,13 @@ def start_ray() -> str:
     import ray
 
     t = time.perf_counter()
-    for attempt in range(3):  # on a loaded machine the raylet can miss Ray's 30 s start wait
+    for attempt in range(6):  # on a loaded machine the raylet can miss Ray's 30 s start wait
         try:
             ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                      _temp_dir=tempfile.mkdtemp(prefix="lance_ray_bench_ray_"))
             break
         except Exception as e:  # Ray raises a bare Exception for it
-            if attempt == 2 or "timed out during startup" not in str(e):
+            if attempt == 5 or "timed out during startup" not in str(e):
                 raise
             print(f"Ray did not start ({e}); trying again", flush=True)
             ray.shutdown()

@@ -12,7 +12,14 @@ from typing import Any
 from .configs import BATCH, SEED, SPLITS, Config
 from .report import W, fmt_rate, fmt_ratio
 from .runners import Runner
-from .transforms import CASES, TRANSFORMS, WARM_FILTER, RayDataTransform, single_core_batches
+from .transforms import (
+    CASES,
+    TRANSFORMS,
+    WARM_FILTER,
+    CountedByNode,
+    RayDataTransform,
+    single_core_batches,
+)
 
 SCALING_NODES = (1, 2, 3)
 NODE_RESOURCE = "transform_cpu"
@@ -61,18 +68,17 @@ def simulated_cluster(nodes: int) -> Any:
     return cluster
 
 
-def tasks_per_node() -> dict[str, int]:
-    """How many finished Ray tasks ran on each node (head vs the simulated nodes)."""
+def rows_per_node(path: str) -> dict[str, int]:
+    """Rows transformed on each node ("head" or a node id's first 8 digits), from the lines
+    ``CountedByNode`` wrote to ``path``."""
     import ray
-    from ray.util.state import list_tasks
 
     head = ray.get_runtime_context().get_node_id()
     nodes: Counter[str] = Counter()
-    finished = list_tasks(filters=[("state", "=", "FINISHED")], limit=10_000,
-                          raise_on_missing_output=False)
-    for t in finished:
-        if t.name.startswith("ReadPlannedTake"):
-            nodes["head" if t.node_id == head else t.node_id[:8]] += 1
+    with open(path) as f:
+        for line in f:
+            node, rows = line.split()
+            nodes["head" if node == head else node[:8]] += int(rows)
     return dict(nodes)
 
 
@@ -112,9 +118,12 @@ def transform_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None =
         return Runner(make_ref, count, rows, ids=ids)
     import lance_ray
 
+    remote = None
     if cfg.nodes:
         spec["cluster"] = simulated_cluster(cfg.nodes)  # kept alive by the spec
-    remote = {"resources": {NODE_RESOURCE: 1}} if cfg.nodes else None
+        spec["node_log"] = tempfile.mkstemp(prefix="lance_ray_bench_nodes_")[1]
+        fn = CountedByNode(fn, spec["node_log"])
+        remote = {"resources": {NODE_RESOURCE: 1}}
     loader_kw = {} if mp_context is None else {"multiprocessing_context": mp_context}
 
     def make_lr(state: dict | None, filter: str | None = None) -> tuple[Any, Iterator[Any]]:
@@ -156,7 +165,7 @@ def transform_report(results: list[dict[str, Any]]) -> tuple[list[str], list[dic
         rate = r["rows_per_s"]
         r["x_limit"] = rate / limit if limit else None
         r["x_reference"] = rate / ref if ref else None
-        extra = f"  tasks per node {r['tasks_per_node']}" if r.get("tasks_per_node") else ""
+        extra = f"  rows per node {r['rows_per_node']}" if r.get("rows_per_node") else ""
         shown = f"{fmt_rate(rate)} (limit {fmt_rate(limit)})" if c["kind"] == "limit" else \
             fmt_rate(rate)
         lines.append(f"{case:<7} {c['label']:<{W}} {shown:>8} {fmt_ratio(r['x_limit']):>8} "

@@ -83,6 +83,21 @@ def tokenize(batch: pa.RecordBatch) -> list[dict[str, Any]]:
 TRANSFORMS = {"image": decode_png, "tokens": tokenize}
 
 
+class CountedByNode:
+    """``fn``, also appending ``<node id> <rows>`` to ``path`` on each call: which node of
+    the cluster ran the transform on how many rows."""
+
+    def __init__(self, fn: Any, path: str):
+        self.fn, self.path = fn, path
+
+    def __call__(self, batch: pa.RecordBatch) -> list[Any]:
+        import ray
+
+        with open(self.path, "a") as f:
+            f.write(f"{ray.get_runtime_context().get_node_id()} {batch.num_rows}\n")
+        return self.fn(batch)
+
+
 def stack_items(items: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """What a Ray Data user's ``map_batches`` returns: one stacked array per key."""
     return {k: np.stack([np.asarray(x[k]) for x in items]) for k in items[0]}

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 Transform = Callable[[pa.RecordBatch], Sequence[Any]]
 ErrorPolicy = str | Callable[[Exception], bool]
 POLICIES = ("raise", "skip", "warn", "fill", "keep_slot")
+TRANSFORM_READ_ROWS = 1024
 
 
 class Skipped:
@@ -131,6 +132,16 @@ class TransformPolicy:
             return _items(out, batch.num_rows)  # a broken contract is never skipped
         except Exception as e:
             return [BatchFailed(e)] + [None] * (batch.num_rows - 1)
+
+    def read_rows(self, read_batch_size: int) -> int:
+        """Most rows per read that this transform runs on.
+
+        A transformed read is one unit of work for a core (a Ray task, a read thread, a
+        loader worker's read): at most ``TRANSFORM_READ_ROWS`` rows, so every core has one
+        to the end of a short epoch and the first batch waits for one small unit; a take's
+        fixed cost is small next to a transform's per-row cost.
+        """
+        return min(read_batch_size, TRANSFORM_READ_ROWS)
 
     def columns(self, batch: pa.RecordBatch) -> tuple[ItemColumns | list[Any], str]:
         """The items of ``batch`` as columns when they have a tensor form, else as a list

@@ -38,11 +38,12 @@ from .compat import (
     reference_options,
     worker_share,
 )
+from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
 from .packed import PackedView, pack_options
 from .properties import ViewProperties
 from .readers import choose_reader, read_sizing
-from .reading import Reading, leased
+from .reading import Reading
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
             credentials are never pickled or logged.
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
             (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
-        ray_remote_args: extra arguments for the Ray Data read tasks (e.g. ``num_cpus``).
+        ray_remote_args: extra arguments for the Ray Data read and transform tasks.
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
@@ -221,8 +222,10 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         self._columns = check_columns(table, read.columns)
         self._rank, self._world_size = rank, world_size
         self._transform = read.transform
-        self._sizing = read_sizing(table, self._columns, read.read_batch_size,
-                                   read.read_bytes, read.prefetch_bytes)
+        rows = read.read_batch_size if read.transform is None else \
+            read.transform.read_rows(read.read_batch_size)
+        self._sizing = read_sizing(table, self._columns, rows, read.read_bytes,
+                                   read.prefetch_bytes)
         self._prefetch_batches = read.prefetch_batches
         self._reader_kind = choose_reader(read.reader)
         self._ray_remote_args = read.ray_remote_args
@@ -358,10 +361,12 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
                      ) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short).
 
-        Without a transform a batch is ``{column: tensor}`` built straight from Arrow (lists
-        for non-numeric columns); with one, ``collate_fn`` (default torch's
-        ``default_collate``) collates the items. Each batch is committed when it is handed
-        over, so ``state_dict()`` between batches is exact. Under
+        Without a transform a batch is ``{column: tensor}`` from Arrow, no Python object per
+        row: fixed-size lists are 2-D; list-of-number and binary columns are ``{"values",
+        "offsets" (int64, rows + 1, from 0), "valid"}`` tensors (README: "What a batch
+        holds"); strings stay lists. With a transform, ``collate_fn`` (default torch's
+        ``default_collate``; items stacked where it ran give its result) collates the items.
+        Each batch is committed when it is handed over (``state_dict()`` is exact). Under
         ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
         smaller (an empty list if none is left) and every rank yields the same number of
         batches; under ``"skip"`` every batch but the last is full.

@@ -12,7 +12,8 @@ from ..read.batching import collate
 from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.transform import portable_items
 from .dataset import StreamingDataset
-from .reading import Lease, Pass, leased, timed
+from .iteration import Lease, leased, timed
+from .reading import Pass
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
 
 
@@ -169,8 +170,10 @@ class StreamingDataLoader(DataLoader):
         p = dataset.begin_pass(lease[0])
         self._source.pass_ = p  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
-        self._source.group = max(1, dataset._sizing.first_rows // self._batch_size_samples
-                                 ) if self.num_workers else 1
+        # A transform's batches cost far more than their message: one per group keeps the
+        # workers' shares even to the epoch's end.
+        self._source.group = max(1, p.first_read_rows // self._batch_size_samples
+                                 ) if self.num_workers and not p.transforms else 1
         p.read_ahead_everything()
         inner = super().__iter__()
         try:

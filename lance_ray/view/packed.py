@@ -37,7 +37,7 @@ from ..stream.order import RankStream
 from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
 from ..stream.packing import Cut, cu_seqlens_of, documents, position_ids_of
 from .compat import worker_share
-from .reading import timed
+from .iteration import timed
 
 if TYPE_CHECKING:
     from ..plan.sources import PlanSource

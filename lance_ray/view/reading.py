@@ -26,6 +26,7 @@ from ..read.transform import Failed, Skipped
 from ..stream.order import RankStream
 from ..stream.survivors import Interleaver
 from .compat import current_worker, worker_share
+from .iteration import CONCURRENT, Lease, Survivor, every_row, timed
 from .readers import make_reader
 from .stats import progress_bar
 
@@ -39,40 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("lance_ray.view.dataset")
 T = TypeVar("T")
-CONCURRENT = ("StreamingDataset does not support concurrent iteration: only one active "
-              "iterator per dataset instance is allowed. Exhaust or close() the running "
-              "iterator (or call load_state_dict()/set_epoch()) before starting another")
-Survivor = tuple[int, int, Any, ReadCost]  # split, position, item, cost booked with it
-
-
-def every_row(stream: RankStream) -> RankStream:
-    """Every row not yet read of ``stream``'s splits: what a view reads when failed rows
-    drop out (which rows survive is known only after their transform)."""
-    return RankStream(stream.splits, stream.positions, stream.positions, stream.split_len)
-
-
-Lease = list["weakref.ref[Iterator[Any]]"]
-
-
-def timed(batches: Iterator[T]) -> Iterator[tuple[T, float]]:
-    """Each batch with the time the consumer waited for it."""
-    while True:
-        started = time.monotonic()
-        batch = next(batches, None)
-        if batch is None:
-            return
-        yield batch, time.monotonic() - started
-
-
-def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
-    """The iterator ``start(lease)`` makes, with ``lease`` holding a weak reference to it:
-    the generator checks, when it starts, that it is its dataset's one live iterator."""
-    lease: Lease = []
-    it = start(lease)
-    lease.append(weakref.ref(it))
-    return it
-
-
 class Pass:
     """One iteration over a view, from its start to its end: the stream it reads and the
     operations that read, count and commit it. ``StreamingDataset``'s own iterators and
@@ -82,6 +49,15 @@ class Pass:
 
     def __init__(self, view: Reading, stream: RankStream, generation: int):
         self.view, self.stream, self.generation = view, stream, generation
+
+    @property
+    def first_read_rows(self) -> int:
+        """Rows of the view's first read: the smallest unit worth a message of its own."""
+        return self.view._sizing.first_rows
+
+    @property
+    def transforms(self) -> bool:
+        return self.view._transform is not None
 
     @property
     def drops_rows(self) -> bool:
