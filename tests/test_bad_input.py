@@ -238,7 +238,7 @@ def test_empty_or_non_string_filter_is_refused(table_1k, bad):
 
 
 def test_unknown_reader_is_refused(table_1k):
-    with pytest.raises(ValueError, match=r"reader must be one of \('ray', 'local'\)"):
+    with pytest.raises(ValueError, match=r"reader must be one of \('auto', 'ray', 'local'\)"):
         make(table_1k, reader="threads")
 
 
