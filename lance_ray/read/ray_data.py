@@ -29,10 +29,11 @@ import pyarrow as pa
 
 from ..plan.table import TableRef
 from .convert import to_columns
+from .documents import DocumentReads
 from .items import from_arrow, to_arrow
 from .local import Held, ahead
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
-from .take import take_in_order
+from .take import take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
 
 logger = logging.getLogger(__name__)
@@ -51,9 +52,9 @@ def _datasource_cls() -> type:
         """One read task per planned chunk; each task returns its rows in plan order."""
 
         def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
-                     sizing: ReadSizing | None = None):
+                     sizing: ReadSizing | None = None, documents: DocumentReads | None = None):
             self._table, self._columns, self._chunks = table, columns, chunks
-            self._sizing = sizing
+            self._sizing, self._documents = sizing, documents
 
         def _nbytes(self, rows: int) -> int | None:
             sizing = self._sizing
@@ -68,11 +69,15 @@ def _datasource_cls() -> type:
             return [self._task(c) for c in self._chunks]
 
         def _task(self, chunk: ChunkRequest) -> ReadTask:
-            table, columns = self._table, self._columns
+            table, columns, documents = self._table, self._columns, self._documents
 
             def read() -> Iterator[pa.Table]:
                 started = time.perf_counter()
-                batch = take_in_order(table, chunk.row_ids, columns)
+                if documents is None:
+                    batch = take_in_order(table, chunk.row_ids, columns)
+                else:
+                    got, inverse = take_sorted(table, chunk.row_ids, columns)
+                    batch = documents.arrange(got, inverse, chunk)
                 seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64)
                                                for lo, hi in chunk.spans]))
                 out = pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
@@ -125,8 +130,10 @@ class RayDataReader:
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None,
-                 transform_tasks: int | None = None, sizing: ReadSizing | None = None):
+                 transform_tasks: int | None = None, sizing: ReadSizing | None = None,
+                 documents: DocumentReads | None = None):
         self.table, self.columns, self.transform = table, columns, transform
+        self.documents = documents
         self.as_tensors = as_tensors
         self.sizing = sizing
         self.held = Held()  # blocks received, being converted or waiting for the consumer
@@ -138,7 +145,8 @@ class RayDataReader:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
         import ray.data
 
-        source = _datasource_cls()(self.table, self.columns, requests, self.sizing)
+        source = _datasource_cls()(self.table, self.columns, requests, self.sizing,
+                                   self.documents)
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:

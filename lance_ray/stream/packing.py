@@ -160,8 +160,12 @@ class SplitPacker:
 
     def feed(self, values: np.ndarray, offsets: np.ndarray, *, last: bool = False) -> None:
         """Append the split's next documents (``last``: no documents follow them)."""
-        if len(offsets) > 1:
-            tokens, starts = join_documents(values, offsets, self.config.eos_id)
+        self.feed_joined(*join_documents(values, offsets, self.config.eos_id), last=last)
+
+    def feed_joined(self, tokens: np.ndarray, starts: np.ndarray, *, last: bool = False
+                    ) -> None:
+        """:meth:`feed` of documents already joined (``join_documents``'s output)."""
+        if len(starts):
             cut_starts = int(np.searchsorted(self.starts, self.head))
             self.first_pending -= cut_starts
             self.starts = np.concatenate([self.starts[cut_starts:] - self.head,
@@ -182,9 +186,11 @@ class SplitPacker:
             raise ValueError(f"cannot cut {count} blocks: {self.ready()} are ready")
         L, head = self.config.block_len, self.head
         size = count * L
-        ids = np.full(size, self.config.pad_id, dtype=np.int64)
-        real = min(size, self.held)
-        ids[:real] = self.stream[head:head + real]
+        if self.held >= size:  # a view: the stream is never written once fed
+            ids = self.stream[head:head + size]
+        else:
+            ids = np.full(size, self.config.pad_id, dtype=np.int64)
+            ids[:self.held] = self.stream[head:]
         pending = self.starts[self.first_pending:]
         block_ends = head + np.arange(1, count + 1, dtype=np.int64) * L
         # The reference fills while its buffer is short of a block: after block j it has
