@@ -22,10 +22,11 @@ def _docs(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=hs.lists(hs.integers(0, 9), min_size=1, max_size=40),
+@given(lengths=hs.lists(hs.integers(0, 9) | hs.integers(30, 90), min_size=1, max_size=40),
        seed=hs.integers(0, 2**16), num_splits=hs.integers(1, 5), sliced=hs.booleans())
 def test_each_split_run_is_its_documents_joined_in_request_order(lengths, seed, num_splits,
                                                                  sliced):
+    # Short and long documents: both ways of joining them (Arrow take, one copy per run).
     rng = np.random.default_rng(seed)
     docs = _docs(lengths, seed)  # request order
     splits = rng.integers(0, num_splits, len(docs)).astype(np.int32)
@@ -51,7 +52,6 @@ def test_each_split_run_is_its_documents_joined_in_request_order(lengths, seed, 
         assert run.hi - run.lo == len(mine)
         np.testing.assert_array_equal(run.stream, stream)
         np.testing.assert_array_equal(run.starts, starts)
-        assert run.stream.dtype == np.int64
 
 
 def test_rows_already_in_request_order_need_no_inverse():
@@ -70,3 +70,18 @@ def test_a_read_that_cannot_be_regrouped_is_refused(request_):
     batch = pa.RecordBatch.from_arrays([pa.array([[5], [6]], pa.list_(pa.int64()))], ["tokens"])
     with pytest.raises(ValueError, match="one span and its rows' splits"):
         DocumentReads(EOS).arrange(batch, None, request_)
+
+
+@pytest.mark.parametrize("kind,eos", [(pa.int32(), EOS), (pa.int16(), 40_000), (pa.uint64(), 3)],
+                         ids=["int32 kept", "eos wider than int16", "uint64 widened"])
+def test_long_documents_are_copied_run_by_run_and_widened_only_when_needed(kind, eos):
+    docs = _docs([40, 0, 90, 35], seed=3)  # mean above RUN_COPY_MIN_TOKENS
+    batch = pa.RecordBatch.from_arrays([pa.array(docs, pa.list_(kind))], ["tokens"])
+    request = ChunkRequest(((0, 4),), np.arange(4, dtype=np.uint64),
+                           np.array([1, 0, 1, 0], np.int32))
+    runs = {r.split: r for r in split_runs(DocumentReads(eos).arrange(batch, None, request))}
+    for split, picked in ((0, [1, 3]), (1, [0, 2])):
+        want = [t for i in picked for t in (*docs[i], eos)]
+        assert runs[split].stream.tolist() == want
+        assert runs[split].starts.tolist() == [0, len(docs[picked[0]]) + 1]
+    assert runs[0].stream.dtype == {"int32": np.int32}.get(str(kind), np.int64)
