@@ -74,6 +74,43 @@ def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int, threads: int
         pool.shutdown(wait=not own, cancel_futures=True)
 
 
+class Started(Iterator[T]):
+    """``items`` whose first item is already being computed on a background thread, so a
+    slow start (a Ray Data pipeline's) overlaps with the caller's own work. ``close()``
+    waits for that first item, then closes ``items``."""
+
+    def __init__(self, items: Iterator[T]):
+        self._items = items
+        self._first: list[tuple[bool, Any]] = []
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._start, name="lance_ray_start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._first.append((True, next(self._items)))
+        except BaseException as exc:  # StopIteration included: handed to the consumer
+            self._first.append((False, exc))
+
+    def __next__(self) -> T:
+        if self._thread is None:
+            return next(self._items)
+        self._thread.join()
+        self._thread = None
+        ok, value = self._first.pop()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+
 class LocalReader:
     """Reads chunks in this process, ``prefetch`` chunks ahead on background threads, and no
     more than ``sizing.budget_bytes`` of them (``held`` counts what it holds).
