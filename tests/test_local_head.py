@@ -30,13 +30,13 @@ def test_the_head_is_the_first_requests_within_the_byte_budget():
     per = LOCAL_HEAD_BYTES // 1024  # rows of one budget
     assert _reader().local_head(_requests([per // 4] * 10)) == 4
     assert _reader().local_head(_requests([per + 1, 5])) == 0
-    assert _reader().local_head(_requests([3, 4])) == 2  # a small epoch is read here whole
+    # At most half: the rest of a pass always goes through Ray Data, the reader asked for.
+    assert _reader().local_head(_requests([3, 4, 5])) == 1
+    assert _reader().local_head(_requests([3])) == 0
 
 
-@pytest.mark.parametrize("kw", [{"transform": object()}, {"ray_remote_args": {"num_cpus": 1}}],
-                         ids=["a transform", "ray_remote_args"])
-def test_no_head_when_the_user_says_where_the_work_runs(kw):
-    assert _reader(**kw).local_head(_requests([3, 4])) == 0
+def test_no_head_when_ray_remote_args_say_where_the_work_runs():
+    assert _reader(ray_remote_args={"num_cpus": 1}).local_head(_requests([3, 4])) == 0
 
 
 def test_a_started_iterator_yields_every_item_in_order_and_its_error():

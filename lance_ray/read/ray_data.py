@@ -189,25 +189,27 @@ class RayDataReader:
 
     def local_head(self, reqs: list[ChunkRequest]) -> int:
         """How many of the first requests are read in this process while the pipeline
-        starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. None when a
-        transform or ``ray_remote_args`` say where the work must run."""
+        starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. At most
+        ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
+        reader asked for), none when ``ray_remote_args`` say where the work must run."""
         sizing = self.sizing
-        if self.transform is not None or self.ray_remote_args or sizing is None:
+        if self.ray_remote_args or sizing is None:
             return 0
-        total = 0
-        for k, request in enumerate(reqs):
+        total, most = 0, len(reqs) // 2
+        for k, request in enumerate(reqs[:most]):
             total += sizing.nbytes(len(request.row_ids))
             if total > LOCAL_HEAD_BYTES:
                 return k
-        return len(reqs)
+        return most
 
     def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         head = self.local_head(reqs)
         rest = Started(self._iter_chunks(reqs[head:]))  # the pipeline starts now
         try:
             if head:
-                local = LocalReader(self.table, self.columns, None, as_tensors=self.as_tensors,
-                                    prefetch=self.prefetch_batches, sizing=self.sizing,
+                local = LocalReader(self.table, self.columns, self.transform,
+                                    as_tensors=self.as_tensors, prefetch=self.prefetch_batches,
+                                    transform_threads=self.transform_tasks, sizing=self.sizing,
                                     documents=self.documents)
                 yield from local.iter_chunks(iter(reqs[:head]))
             yield from rest
