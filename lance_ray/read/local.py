@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ..plan.table import TableRef
 from .convert import to_columns
+from .documents import DocumentReads
 from .items import note_objects
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_sorted
@@ -73,12 +74,50 @@ def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int, threads: int
         pool.shutdown(wait=not own, cancel_futures=True)
 
 
+class Started(Iterator[T]):
+    """``items`` whose first item is already being computed on a background thread, so a
+    slow start (a Ray Data pipeline's) overlaps with the caller's own work. ``close()``
+    waits for that first item, then closes ``items``."""
+
+    def __init__(self, items: Iterator[T]):
+        self._items = items
+        self._first: list[tuple[bool, Any]] = []
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._start, name="lance_ray_start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._first.append((True, next(self._items)))
+        except BaseException as exc:  # StopIteration included: handed to the consumer
+            self._first.append((False, exc))
+
+    def __next__(self) -> T:
+        if self._thread is None:
+            return next(self._items)
+        self._thread.join()
+        self._thread = None
+        ok, value = self._first.pop()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+
 class LocalReader:
     """Reads chunks in this process, ``prefetch`` chunks ahead on background threads, and no
     more than ``sizing.budget_bytes`` of them (``held`` counts what it holds).
 
     With ``as_tensors`` (and no transform) each chunk is converted to ``Columns`` there too,
-    the reordering to plan order folded into the one copy the conversion makes anyway.
+    the reordering to plan order folded into the one copy the conversion makes anyway; with
+    ``documents`` (packed views) it is arranged by split there.
     Two reads run at once (two takes of clumped rows measured 1.5x one), but a transform
     runs on ``transform_threads`` threads (default one: user code need not be thread-safe).
     """
@@ -86,9 +125,10 @@ class LocalReader:
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch: int = 2, transform_threads: int | None = None,
-                 sizing: ReadSizing | None = None):
+                 sizing: ReadSizing | None = None, documents: DocumentReads | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors, self.prefetch = as_tensors, prefetch
+        self.documents = documents
         self.transform_threads = transform_threads or 1
         self.sizing = sizing
         self.held = Held()
@@ -98,7 +138,9 @@ class LocalReader:
         started = time.perf_counter()
         batch, inverse = take_sorted(self.table, req.row_ids, self.columns)
         read = time.perf_counter()
-        if self.as_tensors and self.transform is None:
+        if self.documents is not None:
+            payload = self.documents.arrange(batch, inverse, req)
+        elif self.as_tensors and self.transform is None:
             payload = to_columns(batch, inverse)
         else:
             payload = batch if inverse is None else batch.take(pa.array(inverse))
