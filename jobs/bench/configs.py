@@ -53,7 +53,7 @@ class Config:
     table: str = "small"  # small | big | wide | tokens (the packed-tokens case)
     reader: str = "ray"
     loader_workers: int | None = None  # None: iter_batches; else StreamingDataLoader workers
-    limit: str | None = None  # take_random | take_clump | scan | scan_tokens | transform
+    limit: str | None = None  # take_random(_big) | take_clump | scan | transform
     resume: bool = False
     transform: str | None = None  # image | tokens (jobs.bench.transforms)
     nodes: int = 0  # simulated CPU-only nodes of a cluster of the configuration's own

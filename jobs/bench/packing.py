@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .configs import SEED, SPLITS, TAKE_ROWS, Config
-from .runners import Runner
+from .runners import Runner, limit_runner
 
 PACK_TABLE = "bench_tokens"
 PACK_DOCS = 50_000
@@ -31,7 +31,9 @@ def packing_configurations() -> list[Config]:
     kw: dict[str, Any] = {"shuffle": "full", "table": "tokens"}
     return [
         Config("pack-limit-scan", f"Lance scan of the token column, {TAKE_ROWS} rows/call",
-               "limit", limit="scan_tokens", **kw),
+               "limit", limit="scan", **kw),
+        Config("pack-limit-take", f"Lance take of the token column, random order, "
+               f"{4 * TAKE_ROWS} rows/call", "limit", limit="take_random_big", **kw),
         Config("pack-reference", f"lancedb.streaming packed + DataLoader({PACK_BATCH})",
                "reference", **kw),
         Config("pack-ray", f"lance_ray packed iter_batches({PACK_BATCH}) (ray)", "lance_ray",
@@ -54,7 +56,7 @@ def packing_runner(spec: dict[str, Any], cfg: Config) -> Runner:
     blocks = spec["blocks_per_epoch"]
     epoch_tokens = blocks * PACK_LEN
     if cfg.kind == "limit":
-        return scan_runner(spec["uri"], epoch_tokens)
+        return token_limit_runner(spec["uri"], cfg.limit or "scan", epoch_tokens)
 
     def count(batch: dict) -> int:
         return int(batch["input_ids"].numel())
@@ -91,20 +93,16 @@ def packing_runner(spec: dict[str, Any], cfg: Config) -> Runner:
     return Runner(make_lr, count, epoch_tokens, warm=make_lr if cfg.needs_ray else None)
 
 
-def scan_runner(uri: str, epoch_tokens: int) -> Runner:
-    """The limit: a sequential scan of the token column, counting its tokens."""
-    import lance
+def token_limit_runner(uri: str, which: str, epoch_tokens: int) -> Runner:
+    """A limit on the token column, counting its tokens: the sequential scan (``"scan"``)
+    or Lance's own takes of every row in a random order (``"take_random_big"``), which is
+    all a full shuffle can read at."""
     import pyarrow.compute as pc
-
-    ds = lance.dataset(uri)
-
-    def make_scan(state: dict | None) -> tuple[Any, Iterator[Any]]:
-        return ds, iter(ds.to_batches(columns=["tokens"], batch_size=TAKE_ROWS))
 
     def tokens(batch: Any) -> int:
         return int(pc.sum(pc.list_value_length(batch.column(0))).as_py() or 0)
 
-    return Runner(make_scan, tokens, epoch_tokens)
+    return limit_runner(uri, which, ["tokens"], tokens, epoch_tokens)
 
 
 def packing_targets(rate: Any, target: Any) -> None:

@@ -110,10 +110,11 @@ def analyse(results: list[dict[str, Any]], cold: dict[str, float] | None = None
     target_le("cold start, no Ray connected: first batch <= 2x reference (default reader)",
               ratio(cold.get("default"), cold.get("reference")), 2.0, "<= 2.0x")
     packed = {name: ok[name] for name in ok if ok[name]["config"]["table"] == "tokens"}
-    ref, scan = rate("pack-reference"), rate("pack-limit-scan")
+    ref, scan, take = rate("pack-reference"), rate("pack-limit-scan"), rate("pack-limit-take")
     for r in packed.values():
         r["x_reference"] = r["rows_per_s"] / ref if ref else None
         r["x_limit"] = r["rows_per_s"] / scan if scan else None
+        r["x_take"] = r["rows_per_s"] / take if take else None
     return {"targets": targets, "limits": limits, "references": refs, "cold_start": cold}
 
 
@@ -235,8 +236,9 @@ def print_packing(results: list[dict[str, Any]], args: Any) -> None:
           f"{PACK_MEAN_LEN:g}), pack_sequences={PACK_LEN}, {SPLITS} splits, {PACK_BATCH} "
           f"blocks per batch; median of {args.repeats} epochs, construction to last block "
           "(padding counted: what the trainer receives); x scan = vs a sequential scan of the "
-          "token column counting its tokens (no packing, no tensors)")
-    head = (f"{'configuration':<{W}} {'tokens/s':>9} {'x ref':>7} {'x scan':>7} "
+          "token column counting its tokens (no packing, no tensors); x take = vs Lance's "
+          "takes of every row in a random order (what a full shuffle reads)")
+    head = (f"{'configuration':<{W}} {'tokens/s':>9} {'x ref':>7} {'x scan':>7} {'x take':>7} "
             f"{'steady/s':>9} {'1st block s':>11} {'peak RSS MB':>11}")
     print(head)
     print("-" * len(head))
@@ -249,6 +251,7 @@ def print_packing(results: list[dict[str, Any]], args: Any) -> None:
         first = r["first_batch_s"] if r["config"]["kind"] != "limit" else None
         print(f"{label_of(r):<{W}} {fmt_rate(r['rows_per_s']) + flag:>9} "
               f"{fmt_ratio(r.get('x_reference')):>7} {fmt_ratio(r.get('x_limit')):>7} "
+              f"{fmt_ratio(r.get('x_take')):>7} "
               f"{fmt_rate(r.get('steady_rows_per_s')):>9} {fmt_s(first):>11} "
               f"{r['peak_rss_mb']:>11.0f}")
 

@@ -166,18 +166,25 @@ def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = Non
                   if cfg.needs_ray else None)
 
 
-def limit_runner(uri: str, which: str) -> Runner:
-    """Lance's own read paths, no torch: the ceilings the loaders are compared with."""
+def limit_runner(uri: str, which: str, columns: list[str] | None = None,
+                 count: Callable[[Any], int] | None = None, epoch: int | None = None
+                 ) -> Runner:
+    """Lance's own read paths, no torch: the ceilings the loaders are compared with.
+
+    ``columns``/``count``/``epoch``: what is read, how a read is counted (default: rows)
+    and the epoch's count (default: the table's rows)."""
     import lance
     import numpy as np
 
     ds = lance.dataset(uri)
     n = ds.count_rows()
+    count = count or (lambda b: b.num_rows)
+    epoch = n if epoch is None else epoch
     if which == "scan":
         def make_scan(state: dict | None) -> tuple[Any, Iterator[Any]]:
-            return ds, iter(ds.to_batches(batch_size=TAKE_ROWS))
+            return ds, iter(ds.to_batches(columns=columns, batch_size=TAKE_ROWS))
 
-        return Runner(make_scan, lambda b: b.num_rows, n)
+        return Runner(make_scan, count, epoch)
     row_ids = ds.to_table(columns=[], with_row_id=True).column("_rowid").to_numpy()
     rng = np.random.default_rng(SEED)
     per_call = 4 * TAKE_ROWS if which == "take_random_big" else TAKE_ROWS
@@ -189,10 +196,10 @@ def limit_runner(uri: str, which: str) -> Runner:
 
     def takes() -> Iterator[Any]:
         for lo in range(0, n, per_call):
-            yield ds._take_rows(np.sort(order[lo:lo + per_call]).tolist())
+            yield ds._take_rows(np.sort(order[lo:lo + per_call]).tolist(), columns=columns)
 
     def make_take(state: dict | None) -> tuple[Any, Iterator[Any]]:
         return ds, takes()
 
-    return Runner(make_take, lambda b: b.num_rows, n)
+    return Runner(make_take, count, epoch)
 

@@ -4,6 +4,7 @@ threads, each result handed over as soon as it (and every earlier one) is done.
 The items are pulled on a producer thread of their own, so a slow or blocking source (Ray
 Data blocks arriving from a pipeline) never holds back a result already computed: the
 consumer waits only for the result it asks for, never for more items to arrive.
+``Started`` begins computing an iterator's first item at once, on a thread of its own.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -156,3 +157,40 @@ def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int, threads: int
         with lock:  # what was never handed over is no longer held
             share.held.add(-share.owed_bytes)
             share.owed_bytes = share.owed = 0
+
+
+class Started(Iterator[T]):
+    """``items`` whose first item is already being computed on a background thread, so a
+    slow start (a Ray Data pipeline's) overlaps with the caller's own work. ``close()``
+    waits for that first item, then closes ``items``."""
+
+    def __init__(self, items: Iterator[T]):
+        self._items = items
+        self._first: list[tuple[bool, Any]] = []
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._start, name="lance_ray_start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._first.append((True, next(self._items)))
+        except BaseException as exc:  # StopIteration included: handed to the consumer
+            self._first.append((False, exc))
+
+    def __next__(self) -> T:
+        if self._thread is None:
+            return next(self._items)
+        self._thread.join()
+        self._thread = None
+        ok, value = self._first.pop()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()

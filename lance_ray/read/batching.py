@@ -43,9 +43,10 @@ def selected_batches(total: int, batch_size: int, worker: int = 0, num_workers: 
 
 
 def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, int]],
-                 sizing: ReadSizing) -> Iterator[ChunkRequest]:
+                 sizing: ReadSizing, *, with_splits: bool = False) -> Iterator[ChunkRequest]:
     """Read requests covering ``ranges`` of the stream, in order, each of ``sizing.sizes()``
     rows (the last may be short); a request packs several ranges when they are short.
+    ``with_splits``: each request carries its rows' splits (packed reads group by them).
 
     Lazy, one request at a time: the row ids of a whole epoch are never materialised at once.
     """
@@ -61,18 +62,21 @@ def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, in
                 spans.append((lo, lo + take))
             lo, room = lo + take, room - take
             if room == 0:
-                yield _request(plan, stream, spans)
+                yield _request(plan, stream, spans, with_splits)
                 spans, room = [], next(sizes)
     if spans:
-        yield _request(plan, stream, spans)
+        yield _request(plan, stream, spans, with_splits)
 
 
-def _request(plan: SplitPlan, stream: RankStream, spans: list[tuple[int, int]]) -> ChunkRequest:
-    parts = []
+def _request(plan: SplitPlan, stream: RankStream, spans: list[tuple[int, int]],
+             with_splits: bool) -> ChunkRequest:
+    parts, groups = [], []
     for lo, hi in spans:
         splits, positions = stream.slice(lo, hi)
         parts.append(plan.rows_at(splits, positions))
-    return ChunkRequest(tuple(spans), parts[0] if len(parts) == 1 else np.concatenate(parts))
+        groups.append(splits)
+    return ChunkRequest(tuple(spans), np.concatenate(parts) if len(parts) > 1 else parts[0],
+                        np.concatenate(groups).astype(np.int32) if with_splits else None)
 
 
 def assemble(chunks: Iterator[ChunkResult], batches: list[tuple[int, int, int]]

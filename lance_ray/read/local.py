@@ -12,6 +12,7 @@ import pyarrow as pa
 from ..plan.table import TableRef
 from .ahead import Held, ahead
 from .convert import to_columns
+from .documents import DocumentReads
 from .items import note_objects
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_sorted
@@ -23,7 +24,8 @@ class LocalReader:
     more than ``sizing.budget_bytes`` of them (``held`` counts what it holds).
 
     With ``as_tensors`` (and no transform) each chunk is converted to ``Columns`` there too,
-    the reordering to plan order folded into the one copy the conversion makes anyway.
+    the reordering to plan order folded into the one copy the conversion makes anyway; with
+    ``documents`` (packed views) it is arranged by split there.
     Two reads run at once (two takes of clumped rows measured 1.5x one), but a transform
     runs on ``transform_threads`` threads (default one: user code need not be thread-safe).
     """
@@ -31,9 +33,10 @@ class LocalReader:
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch: int = 2, transform_threads: int | None = None,
-                 sizing: ReadSizing | None = None):
+                 sizing: ReadSizing | None = None, documents: DocumentReads | None = None):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors, self.prefetch = as_tensors, prefetch
+        self.documents = documents
         self.transform_threads = transform_threads or 1
         self.sizing = sizing
         self.held = Held()
@@ -43,7 +46,9 @@ class LocalReader:
         started = time.perf_counter()
         batch, inverse = take_sorted(self.table, req.row_ids, self.columns)
         read = time.perf_counter()
-        if self.as_tensors and self.transform is None:
+        if self.documents is not None:
+            payload = self.documents.arrange(batch, inverse, req)
+        elif self.as_tensors and self.transform is None:
             payload = to_columns(batch, inverse)
         else:
             payload = batch if inverse is None else batch.take(pa.array(inverse))

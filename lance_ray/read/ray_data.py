@@ -28,11 +28,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..plan.table import TableRef
-from .ahead import Held, ahead
+from .ahead import Held, Started, ahead
 from .convert import to_columns
+from .documents import DocumentReads
 from .items import from_arrow, to_arrow
+from .local import LocalReader
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
-from .take import take_in_order
+from .take import take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ SEQ_COLUMN = "__lance_ray_seq"
 # A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
 COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
+# The reads a pipeline's consumer makes itself while Ray Data starts (``local_head``).
+LOCAL_HEAD_BYTES = 32 << 20
 
 
 def _datasource_cls() -> type:
@@ -51,9 +55,9 @@ def _datasource_cls() -> type:
         """One read task per planned chunk; each task returns its rows in plan order."""
 
         def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
-                     sizing: ReadSizing | None = None):
+                     sizing: ReadSizing | None = None, documents: DocumentReads | None = None):
             self._table, self._columns, self._chunks = table, columns, chunks
-            self._sizing = sizing
+            self._sizing, self._documents = sizing, documents
 
         def _nbytes(self, rows: int) -> int | None:
             sizing = self._sizing
@@ -68,11 +72,15 @@ def _datasource_cls() -> type:
             return [self._task(c) for c in self._chunks]
 
         def _task(self, chunk: ChunkRequest) -> ReadTask:
-            table, columns = self._table, self._columns
+            table, columns, documents = self._table, self._columns, self._documents
 
             def read() -> Iterator[pa.Table]:
                 started = time.perf_counter()
-                batch = take_in_order(table, chunk.row_ids, columns)
+                if documents is None:
+                    batch = take_in_order(table, chunk.row_ids, columns)
+                else:
+                    got, inverse = take_sorted(table, chunk.row_ids, columns)
+                    batch = documents.arrange(got, inverse, chunk)
                 seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64)
                                                for lo, hi in chunk.spans]))
                 out = pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
@@ -125,8 +133,10 @@ class RayDataReader:
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch_batches: int = 2, ray_remote_args: dict[str, Any] | None = None,
-                 transform_tasks: int | None = None, sizing: ReadSizing | None = None):
+                 transform_tasks: int | None = None, sizing: ReadSizing | None = None,
+                 documents: DocumentReads | None = None):
         self.table, self.columns, self.transform = table, columns, transform
+        self.documents = documents
         self.as_tensors = as_tensors
         self.sizing = sizing
         self.held = Held()  # blocks received, being converted or waiting for the consumer
@@ -138,7 +148,8 @@ class RayDataReader:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
         import ray.data
 
-        source = _datasource_cls()(self.table, self.columns, requests, self.sizing)
+        source = _datasource_cls()(self.table, self.columns, requests, self.sizing,
+                                   self.documents)
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:
@@ -173,9 +184,38 @@ class RayDataReader:
                                                      float(transform_s) + convert_s))
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
-        chunks = self._iter_chunks(list(requests))
+        chunks = self._with_local_head(list(requests))
         _close_at_exit(chunks)
         return chunks
+
+    def local_head(self, reqs: list[ChunkRequest]) -> int:
+        """How many of the first requests are read in this process while the pipeline
+        starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. At most
+        ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
+        reader asked for), none when ``ray_remote_args`` say where the work must run."""
+        sizing = self.sizing
+        if self.ray_remote_args or sizing is None:
+            return 0
+        total, most = 0, len(reqs) // 2
+        for k, request in enumerate(reqs[:most]):
+            total += sizing.nbytes(len(request.row_ids))
+            if total > LOCAL_HEAD_BYTES:
+                return k
+        return most
+
+    def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
+        head = self.local_head(reqs)
+        rest = Started(self._iter_chunks(reqs[head:]))  # the pipeline starts now
+        try:
+            if head:
+                local = LocalReader(self.table, self.columns, self.transform,
+                                    as_tensors=self.as_tensors, prefetch=self.prefetch_batches,
+                                    transform_threads=self.transform_tasks, sizing=self.sizing,
+                                    documents=self.documents)
+                yield from local.iter_chunks(iter(reqs[:head]))
+            yield from rest
+        finally:
+            rest.close()
 
     def _iter_chunks(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         if not reqs:

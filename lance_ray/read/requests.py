@@ -42,6 +42,7 @@ class ChunkRequest:
 
     spans: tuple[tuple[int, int], ...]
     row_ids: np.ndarray
+    splits: np.ndarray | None = None  # each row's split, for packed reads (read/documents)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .packing import Cut, PackConfig, SplitPacker, SplitProgress
+from .packing import Cut, PackConfig, SplitPacker, SplitProgress, join_documents
 
 NOT_ALIGNED = ("Packed checkpoint is not aligned across the splits owned by this iterator "
                "(their blocks_emitted_per_split differ); merge every rank's state with "
@@ -103,6 +103,11 @@ class RankPacker:
              offsets: np.ndarray) -> None:
         """Split ``i``'s documents at permutation ``positions`` (consecutive from where its
         feeding stands)."""
+        self.feed_joined(i, positions, *join_documents(values, offsets, self.config.eos_id))
+
+    def feed_joined(self, i: int, positions: np.ndarray, tokens: np.ndarray,
+                    starts: np.ndarray) -> None:
+        """:meth:`feed` of documents already joined (``join_documents``'s output)."""
         if len(positions) == 0:
             return
         if positions[0] != self.fed[i] or positions[-1] != self.fed[i] + len(positions) - 1:
@@ -111,9 +116,9 @@ class RankPacker:
         self.fed[i] += len(positions)
         packer = self.packers[i]
         if packer.budget_left == 0:
-            self.ignored_tokens += int(offsets[-1]) + len(positions)
+            self.ignored_tokens += len(tokens)
         else:
-            packer.feed(values, offsets, last=self.fed[i] >= self.split_len)
+            packer.feed_joined(tokens, starts, last=self.fed[i] >= self.split_len)
 
     def take(self, count: int) -> Blocks:
         """The next ``count`` blocks (after ``wants(count)`` returned None)."""
@@ -124,20 +129,17 @@ class RankPacker:
         n, t0 = len(self.splits), self.delivered
         for i, need in enumerate(self._counts(count)):
             rows = slice((i - t0) % n, count, n)
-            got_ids, got_docs = [], []
+            mine_ids, mine_docs, at = ids[rows], docs[rows], 0  # views: one copy per token
             while need:
                 q = self.queues[i][0]
                 j, use = q.next, min(need, len(q))
-                got_ids.append(q.cut.input_ids[j:j + use])
-                got_docs.append(q.cut.doc_ids[j:j + use])
-                q.next = j + use
+                mine_ids[at:at + use] = q.cut.input_ids[j:j + use]
+                mine_docs[at:at + use] = q.cut.doc_ids[j:j + use]
+                q.next, at = j + use, at + use
                 self.last[i] = (q.cut, q.next)
                 if not len(q):
                     self.queues[i].popleft()
                 need -= use
-            if got_ids:
-                ids[rows] = np.concatenate(got_ids)
-                docs[rows] = np.concatenate(got_docs)
         self.delivered += count
         return Blocks(ids, docs)
 

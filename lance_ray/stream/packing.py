@@ -33,8 +33,10 @@ from ..state.packed import PackConfig, SplitProgress
 __all__ = ["PackConfig", "SplitProgress", "SplitPacker", "Cut", "documents", "token_count"]
 
 
-def documents(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """``(values, offsets)`` of a list column of token ids, both int64, offsets from 0.
+def documents(column: pa.Array | pa.ChunkedArray, *, widen: bool = True
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, offsets)`` of a list column of token ids, offsets int64 from 0, values
+    int64 (``widen=False``: in the column's own integer type, zero-copy).
 
     Raises ``ValueError`` on null lists or null tokens (the reference refuses them too).
     """
@@ -50,7 +52,8 @@ def documents(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarra
     if column.null_count or values.null_count:
         raise ValueError("pack_sequences does not support null token lists or null tokens; "
                          "filter them out (e.g. filter='tokens IS NOT NULL') or fix the table")
-    return values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), offsets
+    out = values.to_numpy(zero_copy_only=False)
+    return (out.astype(np.int64, copy=False) if widen else out), offsets
 
 
 def token_count(column: pa.Array | pa.ChunkedArray) -> int:
@@ -75,6 +78,23 @@ def join_documents(values: np.ndarray, offsets: np.ndarray, eos_id: int
     stream[is_value] = values
     stream[eos_at] = eos_id
     return stream, starts
+
+
+def join_runs(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, eos_id: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``join_documents`` of the documents ``rows`` (in that order) of ``(values, offsets)``,
+    one copy per document, kept in the values' integer type when ``eos_id`` fits in it (a
+    later copy widens it anyway)."""
+    kind = np.iinfo(values.dtype)
+    dtype = values.dtype if kind.min <= eos_id <= kind.max and kind.bits < 64 else np.int64
+    eos = np.array([eos_id], dtype=dtype)
+    lo, hi = offsets[rows], offsets[rows + 1]
+    pieces: list[np.ndarray] = []
+    for a, b in zip(lo.tolist(), hi.tolist()):
+        pieces += (values[a:b], eos)
+    sizes = hi - lo + 1
+    stream = np.concatenate(pieces, dtype=dtype) if pieces else np.empty(0, dtype)
+    return stream, np.cumsum(sizes) - sizes
 
 
 def doc_ids_of(starts: np.ndarray, blocks: int, block_len: int) -> np.ndarray:
@@ -160,8 +180,12 @@ class SplitPacker:
 
     def feed(self, values: np.ndarray, offsets: np.ndarray, *, last: bool = False) -> None:
         """Append the split's next documents (``last``: no documents follow them)."""
-        if len(offsets) > 1:
-            tokens, starts = join_documents(values, offsets, self.config.eos_id)
+        self.feed_joined(*join_documents(values, offsets, self.config.eos_id), last=last)
+
+    def feed_joined(self, tokens: np.ndarray, starts: np.ndarray, *, last: bool = False
+                    ) -> None:
+        """:meth:`feed` of documents already joined (``join_documents``'s output)."""
+        if len(starts):
             cut_starts = int(np.searchsorted(self.starts, self.head))
             self.first_pending -= cut_starts
             self.starts = np.concatenate([self.starts[cut_starts:] - self.head,
@@ -182,9 +206,11 @@ class SplitPacker:
             raise ValueError(f"cannot cut {count} blocks: {self.ready()} are ready")
         L, head = self.config.block_len, self.head
         size = count * L
-        ids = np.full(size, self.config.pad_id, dtype=np.int64)
-        real = min(size, self.held)
-        ids[:real] = self.stream[head:head + real]
+        if self.held >= size:  # a view: the stream is never written once fed
+            ids = self.stream[head:head + size]
+        else:
+            ids = np.full(size, self.config.pad_id, dtype=np.int64)
+            ids[:self.held] = self.stream[head:]
         pending = self.starts[self.first_pending:]
         block_ends = head + np.arange(1, count + 1, dtype=np.int64) * L
         # The reference fills while its buffer is short of a block: after block j it has

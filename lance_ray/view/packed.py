@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 
 from ..read.ahead import ahead
+from ..read.documents import DocumentReads, split_runs
 from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.tokens import auto_budget, split_token_totals
 from ..state import format as st
@@ -35,7 +36,7 @@ from ..state.packed import (
 )
 from ..stream.order import RankStream
 from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
-from ..stream.packing import Cut, cu_seqlens_of, documents, position_ids_of
+from ..stream.packing import Cut, cu_seqlens_of, position_ids_of
 from .compat import worker_share
 from .iteration import timed
 
@@ -136,17 +137,17 @@ def as_tensors(blocks: Blocks, options: PackOptions) -> dict[str, Any]:
 
 
 def feed_chunk(packer: RankPacker, rows: RankStream, chunk: ChunkResult) -> None:
-    """Hand a read of ``rows`` (interleaved splits) to the packer, split by split."""
+    """Hand a read of ``rows`` (interleaved splits, arranged by split in the read task) to
+    the packer, split by split."""
     splits, positions = rows.slice(chunk.seq, chunk.seq + len(chunk))
-    column = chunk.payload.column(0)
-    order = np.argsort(splits, kind="stable")  # each split's rows stay in position order
-    ordered = splits[order]
-    for i, split in enumerate(packer.splits):
-        lo, hi = np.searchsorted(ordered, [split, split + 1])
-        if hi > lo:
-            picked = order[lo:hi]
-            docs = column if hi - lo == len(column) else column.take(pa.array(picked))
-            packer.feed(i, positions[picked], *documents(docs))
+    order = np.argsort(splits, kind="stable")  # the read's own grouping (documents.arrange)
+    splits, positions = splits[order], positions[order]
+    local = {split: i for i, split in enumerate(packer.splits)}
+    for run in split_runs(chunk.payload):
+        if not np.all(splits[run.lo:run.hi] == run.split):
+            raise RuntimeError(f"a packed read of rows {chunk.seq}.. came back grouped "
+                               "differently from its request; refusing to pack it")
+        packer.feed_joined(local[run.split], positions[run.lo:run.hi], run.stream, run.starts)
 
 
 class PackedView:
@@ -312,7 +313,7 @@ class PackedView:
         rows = RankStream(splits, tuple(consumed[s] for s in splits),
                           tuple(consumed[s] for s in splits), self._plan.split_len)
         self._gauge.start(len(rows))
-        chunks = self._read_rows(rows)
+        chunks = self._read_rows(rows, documents=DocumentReads(self._pack_config.eos_id))
 
         def step(size: int) -> tuple[Blocks, Snapshot, ReadCost]:
             cost = NO_COST

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..checks import positive_int
 from ..plan.table import TableRef
+from ..read.documents import DocumentReads
 from ..read.local import LocalReader
 from ..read.ray_data import RayDataReader
 from ..read.requests import PREFETCH_BUDGET_BYTES, READ_TARGET_BYTES, ReadSizing
@@ -66,11 +67,13 @@ def read_sizing(table: TableRef, columns: list[str] | None, read_batch_size: int
 def make_reader(kind: str, table: TableRef, columns: list[str] | None,
                 transform: TransformPolicy | None, *, as_tensors: bool, prefetch: int,
                 sizing: ReadSizing, threads: int | None,
-                ray_remote_args: dict[str, Any] | None) -> LocalReader | RayDataReader:
+                ray_remote_args: dict[str, Any] | None,
+                documents: DocumentReads | None = None) -> LocalReader | RayDataReader:
     """The reader of kind ``kind`` (``"ray"`` or ``"local"``)."""
     if kind == "local":
         return LocalReader(table, columns, transform, as_tensors=as_tensors,
-                           prefetch=prefetch, transform_threads=threads, sizing=sizing)
+                           prefetch=prefetch, transform_threads=threads, sizing=sizing,
+                           documents=documents)
     return RayDataReader(table, columns, transform, as_tensors=as_tensors,
                          prefetch_batches=prefetch, ray_remote_args=ray_remote_args,
-                         transform_tasks=threads, sizing=sizing)
+                         transform_tasks=threads, sizing=sizing, documents=documents)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from torch.utils.data import get_worker_info
 
 from ..read.batching import Batch, assemble, collate, requests_for, selected_batches
+from ..read.documents import DocumentReads
 from ..read.items import as_items
 from ..read.local import LocalReader
 from ..read.ray_data import RayDataReader
@@ -147,16 +148,17 @@ class Reading:
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def _reader(self, in_worker: bool, as_tensors: bool
-                ) -> LocalReader | RayDataReader:
+    def _reader(self, in_worker: bool, as_tensors: bool,
+                documents: DocumentReads | None = None) -> LocalReader | RayDataReader:
         return make_reader("local" if in_worker else self._reader_kind, self._table,
                            self._columns, self._transform, as_tensors=as_tensors,
                            prefetch=self._prefetch_batches, sizing=self._sizing,
                            threads=self._options.transform_parallelism,
-                           ray_remote_args=self._ray_remote_args)
+                           ray_remote_args=self._ray_remote_args, documents=documents)
 
     def _chunks(self, stream: RankStream, requests: Iterator[ChunkRequest],
-                in_worker: bool, as_tensors: bool) -> Iterator[ChunkResult]:
+                in_worker: bool, as_tensors: bool,
+                documents: DocumentReads | None = None) -> Iterator[ChunkResult]:
         """The reads of ``requests``, counted by the consumer as they are asked for and
         come back."""
         gauge = self._gauge
@@ -166,7 +168,7 @@ class Reading:
                 gauge.requested += len(request.row_ids)
                 yield request
 
-        for chunk in self._reader(in_worker, as_tensors).iter_chunks(asked()):
+        for chunk in self._reader(in_worker, as_tensors, documents).iter_chunks(asked()):
             gauge.received += len(chunk)
             yield chunk
 
@@ -200,13 +202,15 @@ class Reading:
         chunks = self._chunks(stream, requests, in_worker, as_tensors)
         return assemble((self._resolved(stream, c) for c in chunks), wanted)
 
-    def _read_rows(self, rows: RankStream, worker: int = 0,
-                   num_workers: int = 1) -> Iterator[ChunkResult]:
-        """Reads ``worker, worker + num_workers, ...`` of ``rows``, policy not yet applied."""
-        requests = requests_for(self._plan, rows, [(0, len(rows))], self._sizing)
+    def _read_rows(self, rows: RankStream, worker: int = 0, num_workers: int = 1, *,
+                   documents: DocumentReads | None = None) -> Iterator[ChunkResult]:
+        """Reads ``worker, worker + num_workers, ...`` of ``rows``, policy not yet applied;
+        with ``documents``, arranged by split for packing (``read/documents``)."""
+        requests = requests_for(self._plan, rows, [(0, len(rows))], self._sizing,
+                                with_splits=documents is not None)
         mine = itertools.islice(requests, worker, None, num_workers)
         in_worker = get_worker_info() is not None or num_workers > 1
-        return self._chunks(rows, mine, in_worker, as_tensors=False)
+        return self._chunks(rows, mine, in_worker, as_tensors=False, documents=documents)
 
     def _survivors(self, stream: RankStream,
                    chunks: Iterator[ChunkResult]) -> Iterator[Survivor]:

@@ -1,0 +1,79 @@
+"""The Ray reader's local head: its first reads are made in this process while the Ray Data
+pipeline starts, and a started iterator hands over exactly what it would have."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from lance_ray.read.ahead import Started
+from lance_ray.read.ray_data import LOCAL_HEAD_BYTES, RayDataReader
+from lance_ray.read.requests import ChunkRequest, ReadSizing
+
+
+def _requests(rows: list[int]) -> list[ChunkRequest]:
+    out, lo = [], 0
+    for n in rows:
+        out.append(ChunkRequest(((lo, lo + n),), np.arange(lo, lo + n, dtype=np.uint64)))
+        lo += n
+    return out
+
+
+def _reader(transform=None, **kw) -> RayDataReader:
+    return RayDataReader(None, None, transform, sizing=ReadSizing(1 << 16, row_bytes=1024),
+                         **kw)
+
+
+def test_the_head_is_the_first_requests_within_the_byte_budget():
+    per = LOCAL_HEAD_BYTES // 1024  # rows of one budget
+    assert _reader().local_head(_requests([per // 4] * 10)) == 4
+    assert _reader().local_head(_requests([per + 1, 5])) == 0
+    # At most half: the rest of a pass always goes through Ray Data, the reader asked for.
+    assert _reader().local_head(_requests([3, 4, 5])) == 1
+    assert _reader().local_head(_requests([3])) == 0
+
+
+def test_no_head_when_ray_remote_args_say_where_the_work_runs():
+    assert _reader(ray_remote_args={"num_cpus": 1}).local_head(_requests([3, 4])) == 0
+
+
+def test_a_started_iterator_yields_every_item_in_order_and_its_error():
+    def items():
+        yield from range(5)
+        raise KeyError("boom")
+
+    it = Started(items())
+    assert [next(it) for _ in range(5)] == list(range(5))
+    with pytest.raises(KeyError, match="boom"):
+        next(it)
+
+
+def test_a_started_iterator_computes_its_first_item_before_it_is_asked():
+    began = threading.Event()
+
+    def items():
+        began.set()
+        yield 1
+
+    it = Started(items())
+    assert began.wait(10)
+    assert list(it) == [1]
+
+
+def test_closing_a_started_iterator_waits_for_its_start_and_closes_it():
+    closed = []
+
+    def items():
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append(True)
+
+    it = Started(items())
+    it.close()  # never asked for an item
+    assert closed == [True]
+    with pytest.raises(StopIteration):
+        next(it)
