@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from lance_ray.read.local import Started
+from lance_ray.read.ahead import Started
 from lance_ray.read.ray_data import LOCAL_HEAD_BYTES, RayDataReader
 from lance_ray.read.requests import ChunkRequest, ReadSizing
 

@@ -28,10 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from ..plan.table import TableRef
+from .ahead import Held, Started, ahead
 from .convert import to_columns
 from .documents import DocumentReads
 from .items import from_arrow, to_arrow
-from .local import Held, LocalReader, Started, ahead
+from .local import LocalReader
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
@@ -219,15 +220,21 @@ class RayDataReader:
     def _iter_chunks(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         if not reqs:
             return
-        blocks = self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
-                                                 prefetch_batches=self.prefetch_batches)
+        # The iterator itself (iter_batches returns an iterable, which has no close()).
+        blocks = iter(self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
+                                                      prefetch_batches=self.prefetch_batches))
+        budget = None if self.sizing is None else self.sizing.budget_bytes
+        # ``ahead`` pulls the blocks on its own thread, so each is handed over once
+        # converted, not when more blocks have arrived.
+        chunks = ahead(self._chunk, (b for b in blocks if b.num_rows), self.prefetch_batches,
+                       cost=lambda b: b.nbytes, budget=budget, held=self.held)
         try:
-            budget = None if self.sizing is None else self.sizing.budget_bytes
-            for results in ahead(self._chunk, (b for b in blocks if b.num_rows),
-                                 self.prefetch_batches, cost=lambda b: b.nbytes,
-                                 budget=budget, held=self.held):
+            for results in chunks:
                 yield from results
         finally:
+            # First ``ahead``: its close waits for a next(blocks) in progress, so no other
+            # thread is inside the generator when it is closed here.
+            chunks.close()
             close = getattr(blocks, "close", None)
             if close is not None:
                 close()  # Ray Data's prefetch threads stop now, while Ray is still up

@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from ..read.ahead import ahead
 from ..read.documents import DocumentReads, split_runs
-from ..read.local import ahead
 from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.tokens import auto_budget, split_token_totals
 from ..state import format as st
