@@ -9,7 +9,6 @@ consumer waits only for the result it asks for, never for more items to arrive.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -39,8 +38,13 @@ class Held:
 class _Handover(Generic[T]):
     """What the producer and the consumer of one ``ahead`` share, guarded by ``lock``."""
 
+    fn: Callable[[Any], T]
+    pool: ThreadPoolExecutor
+    depth: int
+    budget: int | None
     held: Held
     lock: threading.Condition = field(default_factory=threading.Condition)
+    staged: tuple[Any, int] | None = None  # an item pulled, waiting for room, and its bytes
     ready: deque[tuple[Future[T], int]] = field(default_factory=deque)  # submitted, not taken
     asked: int = 0  # results the consumer has asked for
     submitted: int = 0
@@ -50,13 +54,16 @@ class _Handover(Generic[T]):
     error: BaseException | None = None  # what the items raised, after the last result
     stopped: bool = False  # the consumer is gone
 
-    def room_for(self, nbytes: int, budget: int | None) -> bool:
-        """Whether an item of ``nbytes`` may be submitted now (or the consumer is gone)."""
-        return (self.stopped or self.owed == 0 or budget is None
-                or self.held.nbytes + nbytes <= budget)
-
-    def submit(self, future: Future[T], nbytes: int) -> None:
-        self.ready.append((future, nbytes))
+    def advance(self) -> None:
+        """Submit the staged item if it may go now: at most ``depth`` beyond the results
+        asked for, and within the budget (one item always allowed)."""
+        if self.staged is None or self.stopped or self.submitted >= self.asked + self.depth:
+            return
+        item, nbytes = self.staged
+        if self.owed and self.budget is not None and self.held.nbytes + nbytes > self.budget:
+            return
+        self.staged = None
+        self.ready.append((self.pool.submit(self.fn, item), nbytes))
         self.submitted += 1
         self.owed += 1
         self.owed_bytes += nbytes
@@ -67,33 +74,32 @@ class _Handover(Generic[T]):
         self.owed -= 1
         self.owed_bytes -= nbytes
         self.held.add(-nbytes)
+        self.advance()
         self.lock.notify_all()
 
 
-def _produce(fn: Callable[[Any], T], items: Iterable[Any], pool: ThreadPoolExecutor,
-             share: _Handover[T], depth: int, cost: Callable[[Any], int] | None,
-             budget: int | None) -> None:
-    """Pull ``items`` (on this thread only) and submit them, at most ``depth`` results ahead
-    of what the consumer asked for and within ``budget`` bytes; stop when asked to."""
+def _produce(items: Iterable[Any], share: _Handover[T], cost: Callable[[Any], int] | None
+             ) -> None:
+    """Pull ``items`` (on this thread only), staging each until it may be submitted; stop
+    when the consumer is gone."""
     lock = share.lock
     try:
         it = iter(items)
         while True:
-            with lock:
-                # Pull an item only when it may be submitted: an item pulled and waiting is
-                # held too, outside the budget.
-                lock.wait_for(lambda: share.stopped or share.submitted < share.asked + depth)
-                if share.stopped:
-                    return
             item = next(it, _END)
             if item is _END:
                 return
             nbytes = cost(item) if cost is not None else 0
             with lock:
-                lock.wait_for(functools.partial(share.room_for, nbytes, budget))
                 if share.stopped:
                     return
-                share.submit(pool.submit(fn, item), nbytes)
+                share.staged = (item, nbytes)
+                # Submitted here if there is room, else by the consumer when it asks for a
+                # result or hands one over: instant items then cost no wait for this thread.
+                share.advance()
+                lock.wait_for(lambda: share.staged is None or share.stopped)
+                if share.stopped:
+                    return
     except BaseException as e:  # noqa: BLE001 - re-raised in the consumer, in its place
         share.error = e
     finally:
@@ -109,8 +115,10 @@ def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int, threads: int
     ``threads`` background threads (Lance, Arrow, numpy and torch release the GIL), each
     handed over as soon as it and every earlier one is done.
 
-    ``items`` is iterated on one producer thread (never two threads at once); it is not
-    pulled further than ``depth`` items ahead of the consumer. With ``cost`` (an item's
+    ``items`` is iterated on one producer thread (never two threads at once), at most one
+    item beyond the ``depth`` submitted ahead of the consumer: that item waits, pulled, for
+    room, and the consumer submits it as it asks for a result, so instant items wait for no
+    thread hand-off. With ``cost`` (an item's
     bytes) and ``budget``, an item is submitted only while the items held stay within
     ``budget`` bytes (one item is always allowed, however large); ``held`` counts them.
     An exception from ``fn`` is raised in place of its result, one from ``items`` after the
@@ -121,18 +129,19 @@ def ahead(fn: Callable[[Any], T], items: Iterable[Any], depth: int, threads: int
     running; items not yet submitted are never pulled.
     """
     pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_PREFIX)
-    share: _Handover[T] = _Handover(held if held is not None else Held())
+    share: _Handover[T] = _Handover(fn, pool, max(depth, 0), budget,
+                                    held if held is not None else Held())
     lock = share.lock
     # Daemon: a generator never closed nor collected must not keep the interpreter from
     # exiting (its producer waits for a consumer that is gone).
     producer = threading.Thread(target=_produce, name=f"{THREAD_PREFIX}_items", daemon=True,
-                                args=(fn, items, pool, share, max(depth, 0), cost, budget))
+                                args=(items, share, cost))
     try:
         producer.start()
         while True:
             with lock:
                 share.asked += 1
-                lock.notify_all()
+                share.advance()
                 lock.wait_for(lambda: share.ready or share.finished)
                 if not share.ready:
                     if share.error is not None:
