@@ -39,6 +39,12 @@ def test_no_head_when_ray_remote_args_say_where_the_work_runs():
     assert _reader(ray_remote_args={"num_cpus": 1}).local_head(_requests([3, 4])) == 0
 
 
+def test_no_head_when_the_row_width_is_unknown():
+    # A remote table's rows have no known width: the head's bytes could not be bounded.
+    reader = RayDataReader(None, None, None, sizing=ReadSizing(1 << 16))
+    assert reader.local_head(_requests([3, 4, 5, 6])) == 0
+
+
 def test_a_started_iterator_yields_every_item_in_order_and_its_error():
     def items():
         yield from range(5)

@@ -72,8 +72,9 @@ class DocumentReads:
             stream, starts = join_documents(*documents(column), self.eos_id)
         tokens = pa.LargeListArray.from_arrays(pa.array(np.append(starts, len(stream))),
                                                pa.array(stream))
-        return pa.RecordBatch.from_arrays(
-            [pa.array(splits[order].astype(np.int32)), tokens], [SPLIT_COLUMN, TOKENS_COLUMN])
+        grouped = splits[order].astype(np.int32, copy=False)
+        return pa.RecordBatch.from_arrays([pa.array(grouped), tokens],
+                                          [SPLIT_COLUMN, TOKENS_COLUMN])
 
 
 def split_runs(payload: pa.RecordBatch) -> Iterator[SplitRun]:

@@ -192,9 +192,10 @@ class RayDataReader:
         """How many of the first requests are read in this process while the pipeline
         starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. At most
         ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
-        reader asked for), none when ``ray_remote_args`` say where the work must run."""
+        reader asked for); none when ``ray_remote_args`` say where the work must run, or
+        when the rows' width is unknown (a remote table), which leaves the bytes unbounded."""
         sizing = self.sizing
-        if self.ray_remote_args or sizing is None:
+        if self.ray_remote_args or sizing is None or sizing.row_bytes is None:
             return 0
         total, most = 0, len(reqs) // 2
         for k, request in enumerate(reqs[:most]):
