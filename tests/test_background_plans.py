@@ -9,6 +9,7 @@ demand. Also: a coordinator in ``plan="index"`` mode delivers every row once.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 
@@ -17,6 +18,7 @@ import pytest
 
 import lance_ray
 from lance_ray.coordinator.actor import Coordinator
+from lance_ray.plan import sources
 from lance_ray.plan.background import BackgroundPlans
 from lance_ray.plan.sources import build_part
 
@@ -99,8 +101,26 @@ def test_a_local_view_hands_over_the_background_plan_equal_to_one_built_on_deman
 
 
 def test_a_ray_view_hands_over_the_background_plan_equal_to_one_built_on_demand(
-        ray_session, table_1k):
+        ray_session, table_1k, monkeypatch):
+    monkeypatch.setattr(sources, "REMOTE_PLAN_MIN_ROWS", 0)  # 1k rows: build in a Ray task
     view_hands_over_the_background_plan(table_1k, "ray")
+
+
+def test_a_ray_view_builds_a_small_plan_in_its_own_process(ray_session, table_1k,
+                                                          monkeypatch):
+    """A Ray task for a plan of under ``REMOTE_PLAN_MIN_ROWS`` rows would cost more than the
+    plan; the plan is the same either way."""
+    pids: list[int] = []
+
+    def build_here(*args):
+        pids.append(os.getpid())
+        return build_part(*args)
+
+    monkeypatch.setattr(sources, "build_part", build_here)
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=NUM_SPLITS, rank=1, world_size=2,
+                                    reader="ray")
+    assert isinstance(ds._plans, sources.RayTaskPlans) and set(pids) == {os.getpid()}
+    assert_same_part(ds.plan, build_part(ds._table, 1000, ds._spec, [2, 3]))
 
 
 @pytest.fixture

@@ -128,11 +128,13 @@ def test_ray_data_reader_batches_hold_the_reference_sequence(ray_transforms, tab
 
 
 def test_ray_reader_tensor_batches_and_remote_plan_hold_the_reference_sequence(
-        ray_transforms, table_factory):
-    """The default path: plan built in a Ray task, reads converted to tensors, batches cut
-    across reads of growing size."""
+        ray_transforms, table_factory, monkeypatch):
+    """The default path: plan built in a Ray task (as for a large table), reads converted to
+    tensors, batches cut across reads of growing size."""
+    from lance_ray.plan import sources
     from lance_ray.plan.sources import RayTaskPlans
 
+    monkeypatch.setattr(sources, "REMOTE_PLAN_MIN_ROWS", 0)
     table = table_factory(20000, 3)  # 10000 samples per rank: reads of 4096 then 5904 rows
     kw = {"num_splits": 4, "world_size": 2, "rank": 1, "shuffle_seed": 5,
           "shuffle_clump_size": 7}
