@@ -62,17 +62,20 @@ def write_table(path: str, n: int, *, fragments: int = 2, dim: int = 4, name: st
     return create_table(path, name, rows=n, dim=dim, fragments=fragments, batch=id_rows)
 
 
-def write_token_table(path: str, n: int, longest: int, fragments: int, seed: int = 0):
-    """A LanceDB table of ``n`` token documents (``id``, ``tokens``: list<int32>, some empty,
-    token ids 2..98) written in ``fragments`` appends, and the documents."""
+def write_token_table(path: str, n: int, longest: int, fragments: int, seed: int = 0,
+                      shortest: int = 0, kind: pa.DataType | None = None):
+    """A LanceDB table of ``n`` token documents (``id``, ``tokens``: list<``kind``>, int32 by
+    default, of ``shortest..longest`` token ids 2..98; some empty by default) written in
+    ``fragments`` appends, and the documents."""
     rng = np.random.default_rng(seed)
-    docs = [rng.integers(2, 99, rng.integers(0, longest + 1)).tolist() for _ in range(n)]
+    docs = [rng.integers(2, 99, rng.integers(shortest, longest + 1)).tolist()
+            for _ in range(n)]
     db = lancedb.connect(path)
     bounds = np.linspace(0, n, fragments + 1).astype(int)
     table = None
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         data = pa.table({"id": np.arange(lo, hi, dtype=np.int64),
-                         "tokens": pa.array(docs[lo:hi], pa.list_(pa.int32()))})
+                         "tokens": pa.array(docs[lo:hi], pa.list_(kind or pa.int32()))})
         table = db.create_table("docs", data) if table is None else table
         if table.count_rows() != hi:
             table.add(data)

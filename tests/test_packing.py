@@ -96,6 +96,31 @@ def test_packed_states_load_in_both_libraries(corpora, world_size, rank):
     assert blocks_of(back) == whole[cut:]
 
 
+@pytest.mark.parametrize("kind, eos", [("int32", EOS), ("uint16", EOS), ("int16", 40_000)])
+def test_long_documents_in_narrow_types_pack_and_resume_as_the_reference(tmp_path, kind,
+                                                                         eos):
+    """Documents of 32 tokens or more are joined in the read in the column's own type, and
+    the packer keeps it until the batch's copy (``int16`` with an ``eos_id`` it cannot hold
+    is widened): the blocks and a resumed state's remainder are still the reference's."""
+    import pyarrow as pa
+
+    table, _ = write_token_table(str(tmp_path), 40, 120, 2, shortest=32,
+                                 kind=getattr(pa, kind)())
+    kw = {**packed(L=48, num_splits=2, shuffle_seed=3, blocks_per_epoch=80), "eos_id": eos}
+    whole = blocks_of(Reference(table, **kw))
+    ours = StreamingDataset(table, reader="local", read_batch_size=7, **kw)
+    first = [b for batch in itertools.islice(ours.iter_batches(4), 5)
+             for b in zip(batch["input_ids"].tolist(), batch["doc_ids"].tolist())]
+    assert [(tuple(i), tuple(d)) for i, d in first] == whole[:20]
+    state = json.loads(json.dumps(ours.state_dict()))
+    resumed = StreamingDataset(table, reader="local", read_batch_size=5, **kw)
+    resumed.load_state_dict(state)
+    assert blocks_of(resumed) == whole[20:]
+    theirs = Reference(table, **kw)
+    theirs.load_state_dict(state)
+    assert blocks_of(theirs) == whole[20:]
+
+
 def rank_blocks(ds: StreamingDataset, batch: int, steps: int | None = None):
     """(global step, split, block index, block) of the batches ``ds`` yields from its state."""
     k = len(ds._owned)

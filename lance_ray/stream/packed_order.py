@@ -133,7 +133,7 @@ class RankPacker:
             while need:
                 q = self.queues[i][0]
                 j, use = q.next, min(need, len(q))
-                mine_ids[at:at + use] = q.cut.input_ids[j:j + use]
+                mine_ids[at:at + use] = q.cut.input_ids[j:j + use]  # widens to int64
                 mine_docs[at:at + use] = q.cut.doc_ids[j:j + use]
                 q.next, at = j + use, at + use
                 self.last[i] = (q.cut, q.next)

@@ -85,8 +85,7 @@ def join_runs(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, eos_id:
     """``join_documents`` of the documents ``rows`` (in that order) of ``(values, offsets)``,
     one copy per document, kept in the values' integer type when ``eos_id`` fits in it (a
     later copy widens it anyway)."""
-    kind = np.iinfo(values.dtype)
-    dtype = values.dtype if kind.min <= eos_id <= kind.max and kind.bits < 64 else np.int64
+    dtype = narrow_dtype(values.dtype, eos_id)
     eos = np.array([eos_id], dtype=dtype)
     lo, hi = offsets[rows], offsets[rows + 1]
     pieces: list[np.ndarray] = []
@@ -95,6 +94,15 @@ def join_runs(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, eos_id:
     sizes = hi - lo + 1
     stream = np.concatenate(pieces, dtype=dtype) if pieces else np.empty(0, dtype)
     return stream, np.cumsum(sizes) - sizes
+
+
+def narrow_dtype(dtype: np.dtype, *ids: int) -> np.dtype:
+    """``dtype`` if it is an integer type under 64 bits that holds every one of ``ids``,
+    else int64: the packer keeps the column's own type until the batch's one copy."""
+    kind = np.iinfo(dtype)
+    if kind.bits < 64 and all(kind.min <= i <= kind.max for i in ids):
+        return np.dtype(dtype)
+    return np.dtype(np.int64)
 
 
 def doc_ids_of(starts: np.ndarray, blocks: int, block_len: int) -> np.ndarray:
@@ -190,7 +198,9 @@ class SplitPacker:
             self.first_pending -= cut_starts
             self.starts = np.concatenate([self.starts[cut_starts:] - self.head,
                                           starts + self.held])
-            self.stream = np.concatenate([self.stream[self.head:], tokens])
+            tail = self.stream[self.head:]
+            # Nothing held: the stream is the fed run itself (never written, so a view).
+            self.stream = np.concatenate([tail, tokens]) if len(tail) else tokens
             self.head = 0
         self.exhausted = self.exhausted or last
 
@@ -209,7 +219,8 @@ class SplitPacker:
         if self.held >= size:  # a view: the stream is never written once fed
             ids = self.stream[head:head + size]
         else:
-            ids = np.full(size, self.config.pad_id, dtype=np.int64)
+            dtype = narrow_dtype(self.stream.dtype, self.config.pad_id)
+            ids = np.full(size, self.config.pad_id, dtype=dtype)
             ids[:self.held] = self.stream[head:]
         pending = self.starts[self.first_pending:]
         block_ends = head + np.arange(1, count + 1, dtype=np.int64) * L
