@@ -342,3 +342,12 @@ def test_reference_packed_rank_states_merge_as_the_reference_merges_them(corpora
     with pytest.raises(ValueError, match="not captured at the same global step"):
         lance_ray.merge_state_dicts([states[0], Reference(table, rank=1, world_size=2,
                                                           **kw).state_dict()])
+
+
+def test_coordinator_views_refuse_packing_with_the_way_that_packs():
+    """Refused before any coordinator is looked up: no Ray is needed to learn it."""
+    with pytest.raises(ValueError, match="does not pack sequences.*merge_state_dicts"):
+        StreamingDataset.from_coordinator("run", rank=0, world_size=1, pack_sequences=8,
+                                          eos_id=EOS, pad_id=PAD, blocks_per_epoch=8)
+    with pytest.raises(TypeError, match="unexpected keyword arguments: shuffle_sed"):
+        StreamingDataset.from_coordinator("run", rank=0, world_size=1, shuffle_sed=1)

@@ -40,7 +40,7 @@ from .compat import (
 )
 from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
-from .packed import PackedView, pack_options
+from .packed import PackedView, pack_options, refuse_unsupported
 from .properties import ViewProperties
 from .readers import choose_reader, read_sizing
 from .reading import Reading
@@ -194,14 +194,17 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         prefetch_batches: int = DEFAULT_PREFETCH_BATCHES,
         reader: str = "auto",
         ray_remote_args: dict[str, Any] | None = None,
+        **unsupported: Any,
     ) -> StreamingDataset:
         """A view for ``(rank, world_size)`` attached to the coordinator actor ``name``.
 
         The view receives only its own splits of the plan, starts from the coordinator's
         latest sealed step (so a restarted trainer picks up on its own; a new world size
         resizes the run), and reports its committed progress, coalesced under the coordinator's
-        ``report_policy`` and always before a ``state_dict()``.
+        ``report_policy`` and always before a ``state_dict()``. Sequence packing is not
+        available here (the coordinator tracks rows, not packed buffers).
         """
+        refuse_unsupported(unsupported)
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)

@@ -122,6 +122,25 @@ def pack_options(table: TableRef, columns: list[str] | None, transform: object,
                        columns[0], bool(position_ids), bool(cu_seqlens))
 
 
+PACKING_ARGUMENTS = ("pack_sequences", "eos_id", "pad_id", "blocks_per_epoch",
+                     "pack_position_ids", "pack_cu_seqlens")
+
+
+def refuse_unsupported(arguments: dict[str, Any]) -> None:
+    """``from_coordinator``'s refusal of arguments it does not take, naming the way that
+    packs sequences."""
+    packing = [a for a in arguments if a in PACKING_ARGUMENTS]
+    if packing:
+        raise ValueError(
+            f"from_coordinator does not pack sequences ({', '.join(packing)}): the "
+            "coordinator tracks rows, not packed buffers. Build each rank's view with "
+            "StreamingDataset(table, rank=..., world_size=..., pack_sequences=...) and "
+            "checkpoint with merge_state_dicts (README: Sequence packing)")
+    if arguments:
+        raise TypeError(f"from_coordinator() got unexpected keyword arguments: "
+                        f"{', '.join(sorted(arguments))}")
+
+
 def as_tensors(blocks: Blocks, options: PackOptions) -> dict[str, Any]:
     """The batch form: ``[k, L]`` LongTensors, and (opt-in) ``position_ids`` and the
     flattened batch's ``cu_seqlens`` (int32) with its ``max_seqlen``."""
