@@ -95,6 +95,20 @@ def test_the_width_estimate_follows_the_columns_read(wide_table):
     assert narrow._sizing.steady_rows == narrow._sizing.max_rows  # bounded by rows, not bytes
 
 
+def test_ray_reads_default_to_a_larger_byte_target_and_an_explicit_one_wins(wide_table):
+    """A Ray Data task has a fixed cost in the trainer, so its reads default larger; the
+    sizing is fixed when the view is built, so DataLoader workers cut the same reads."""
+    from lance_ray.read.requests import RAY_READ_TARGET_BYTES, READ_TARGET_BYTES
+    from lance_ray.view.readers import read_sizing
+
+    ref = lance_ray.StreamingDataset(wide_table, reader="local")._table
+    for reader, want in (("ray", RAY_READ_TARGET_BYTES), ("local", READ_TARGET_BYTES)):
+        sizing = read_sizing(ref, None, 65536, None, None, reader=reader)
+        assert sizing.target_bytes == want and sizing.steady_rows == want // sizing.row_bytes
+        assert read_sizing(ref, None, 65536, 8 << 20, None, reader=reader).target_bytes == 8 << 20
+    assert RAY_READ_TARGET_BYTES > READ_TARGET_BYTES
+
+
 @settings(deadline=None, max_examples=80)
 @given(lengths=st.lists(st.integers(0, 700), min_size=1, max_size=40), seed=st.integers(0, 9),
        inner=st.sampled_from([None, 3]))

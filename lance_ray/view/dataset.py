@@ -89,8 +89,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
             it for synchronous DDP); ``"fill"`` delivers ``fill_value`` instead. Failing
             batches are retried row by row: keep transforms deterministic. The policy (and
             a callable) runs in the consuming process.
-        read_bytes, read_batch_size: bytes (default 16 MB, from the row width) and most
-            rows per read; reads grow to them from 4 MB (at most 4096 rows).
+        read_bytes, read_batch_size: bytes (default 16 MB, 64 MB on the Ray reader, from
+            the row width) and most rows per read; reads grow to them from 4 MB (at most
+            4096 rows).
         prefetch_batches, prefetch_bytes: reads kept in flight, and most bytes of them
             (default 128 MB).
         reader: ``"auto"`` (default: ``"ray"`` when this process is connected to a Ray
@@ -227,10 +228,10 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         self._transform = read.transform
         rows = read.read_batch_size if read.transform is None else \
             read.transform.read_rows(read.read_batch_size)
-        self._sizing = read_sizing(table, self._columns, rows, read.read_bytes,
-                                   read.prefetch_bytes)
-        self._prefetch_batches = read.prefetch_batches
         self._reader_kind = choose_reader(read.reader)
+        self._sizing = read_sizing(table, self._columns, rows, read.read_bytes,
+                                   read.prefetch_bytes, reader=self._reader_kind)
+        self._prefetch_batches = read.prefetch_batches
         self._ray_remote_args = read.ray_remote_args
         self._plans = plans
         self._options = read.reference

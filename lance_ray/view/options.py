@@ -27,7 +27,7 @@ class ReadOptions:
     reader: str = "auto"
     ray_remote_args: dict[str, Any] | None = None
     reference: ReferenceOptions = field(default_factory=ReferenceOptions)
-    read_bytes: int | None = None  # None: read.requests.READ_TARGET_BYTES
+    read_bytes: int | None = None  # None: the reader's default (view.readers.read_sizing)
     prefetch_bytes: int | None = None  # None: read.requests.PREFETCH_BUDGET_BYTES
 
     def __post_init__(self) -> None:

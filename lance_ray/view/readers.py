@@ -20,7 +20,12 @@ from ..plan.table import TableRef
 from ..read.documents import DocumentReads
 from ..read.local import LocalReader
 from ..read.ray_data import RayDataReader
-from ..read.requests import PREFETCH_BUDGET_BYTES, READ_TARGET_BYTES, ReadSizing
+from ..read.requests import (
+    PREFETCH_BUDGET_BYTES,
+    RAY_READ_TARGET_BYTES,
+    READ_TARGET_BYTES,
+    ReadSizing,
+)
 from ..read.transform import TransformPolicy
 from ..read.widths import row_bytes
 from .options import READERS
@@ -53,14 +58,17 @@ def choose_reader(reader: str) -> str:
 
 
 def read_sizing(table: TableRef, columns: list[str] | None, read_batch_size: int,
-                read_bytes: int | None, prefetch_bytes: int | None) -> ReadSizing:
-    """The view's read sizes: ``read_bytes`` per read (from the columns' row width), at
-    most ``read_batch_size`` rows, ``prefetch_bytes`` in flight."""
+                read_bytes: int | None, prefetch_bytes: int | None, *,
+                reader: str = "local") -> ReadSizing:
+    """The view's read sizes: ``read_bytes`` per read (from the columns' row width; by
+    default larger for the ``"ray"`` reader, see ``RAY_READ_TARGET_BYTES``), at most
+    ``read_batch_size`` rows, ``prefetch_bytes`` in flight."""
     positive_int("read_batch_size", read_batch_size)
     positive_int("read_bytes", read_bytes, allow_none=True)
     positive_int("prefetch_bytes", prefetch_bytes, allow_none=True)
-    return ReadSizing(read_batch_size, row_bytes(table, columns),
-                      READ_TARGET_BYTES if read_bytes is None else read_bytes,
+    if read_bytes is None:
+        read_bytes = RAY_READ_TARGET_BYTES if reader == "ray" else READ_TARGET_BYTES
+    return ReadSizing(read_batch_size, row_bytes(table, columns), read_bytes,
                       PREFETCH_BUDGET_BYTES if prefetch_bytes is None else prefetch_bytes)
 
 
