@@ -17,7 +17,7 @@ FIRST_READ_BYTES = 4 << 20
 READ_TARGET_BYTES = 16 << 20
 # A Ray Data read task costs the trainer ~30 ms of CPU here (the executor's scheduling, the
 # block's handover) whatever its size: on 64 KB rows 64 MB reads ran 1.7x the epoch rate of
-# 16 MB ones, for a third more peak RSS; the local reader gained nothing from them.
+# 16 MB ones, for 35-50% more peak RSS; the local reader gained nothing from them.
 RAY_READ_TARGET_BYTES = 64 << 20
 PREFETCH_BUDGET_BYTES = 128 << 20
 
