@@ -167,8 +167,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         reader = choose_reader(reader)
         if reader == "ray":
             table_ref.check_shippable()  # now, not in the first read task
-        # In a Ray task when Ray is up: never start Ray just for the plan (a view read only by
-        # DataLoader workers needs no Ray at all).
+        # Large plans build in a Ray task when Ray is up, never starting Ray just for the plan
+        # (a view read only by DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
         self._packing = pack_options(table_ref, columns, transform, num_splits, pack_sequences,
