@@ -1,5 +1,6 @@
 """The Ray reader's local head: its first reads are made in this process while the Ray Data
-pipeline starts, and a started iterator hands over exactly what it would have."""
+pipeline starts, and a started iterator hands over exactly what it would have. Also: the
+pipeline's read tasks ship by reference."""
 
 from __future__ import annotations
 
@@ -83,3 +84,20 @@ def test_closing_a_started_iterator_waits_for_its_start_and_closes_it():
     assert closed == [True]
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_read_tasks_pickle_without_cloudpickle(table_1k):
+    """The standard pickle cannot pickle closures: a read task that passes it ships a
+    module-level function by reference, not its code once per task."""
+    import pickle
+
+    import lance_ray
+    from lance_ray.read.ray_data import _datasource_cls
+
+    pytest.importorskip("ray.data")
+    table = lance_ray.StreamingDataset(table_1k, reader="local")._table
+    source = _datasource_cls()(table, ["id"], _requests([3, 5]))
+    tasks = source.get_read_tasks(1)
+    shipped = [pickle.loads(pickle.dumps(t._read_fn)).args[3] for t in tasks]
+    assert [c.spans for c in shipped] == [((0, 3),), ((3, 8),)]
+    assert all(np.array_equal(a.row_ids, b.row_ids) for a, b in zip(shipped, source._chunks))
