@@ -31,8 +31,8 @@ class _Queued:
     cut: Cut
     next: int = 0
 
-    def __len__(self) -> int:
-        return len(self.cut) - self.next
+    def __post_init__(self) -> None:
+        self.end = len(self.cut)
 
 
 @dataclass
@@ -65,6 +65,7 @@ class RankPacker:
         for packer, position in zip(self.packers, self.fed):
             packer.exhausted = position >= split_len
         self.queues: list[deque[_Queued]] = [deque() for _ in self.splits]
+        self.queued = [0] * len(self.splits)  # blocks in each split's queue
         self.last: list[tuple[Cut, int] | SplitProgress] = list(progress)
         self.delivered = 0
         self.start_emitted = emitted.pop() if emitted else 0
@@ -83,20 +84,21 @@ class RankPacker:
     def _counts(self, count: int) -> list[int]:
         """Blocks of each split among the next ``count`` of the rank's sequence."""
         n, t0 = len(self.splits), self.delivered
+        if t0 % n == 0 and count % n == 0:  # whole cycles: the batch-size common case
+            return [count // n] * n
         return [len(range(t0 + (i - t0) % n, t0 + count, n)) for i in range(n)]
 
     def wants(self, count: int) -> int | None:
         """The split (local index) that needs documents before the next ``count`` blocks
         can be taken, or None when they can; cuts blocks as they become ready."""
         for i, need in enumerate(self._counts(min(count, len(self)))):
-            queued = sum(len(q) for q in self.queues[i])
-            packer = self.packers[i]
-            while queued < need:
+            while self.queued[i] < need:
+                packer = self.packers[i]
                 if not packer.ready():
                     return i
-                cut = packer.cut_ready(need - queued)
+                cut = packer.cut_ready(need - self.queued[i])
                 self.queues[i].append(_Queued(cut))
-                queued += len(cut)
+                self.queued[i] += len(cut)
         return None
 
     def feed(self, i: int, positions: np.ndarray, values: np.ndarray,
@@ -132,14 +134,16 @@ class RankPacker:
             mine_ids, mine_docs, at = ids[rows], docs[rows], 0  # views: one copy per token
             while need:
                 q = self.queues[i][0]
-                j, use = q.next, min(need, len(q))
+                j = q.next
+                use = min(need, q.end - j)
                 mine_ids[at:at + use] = q.cut.input_ids[j:j + use]  # widens to int64
                 mine_docs[at:at + use] = q.cut.doc_ids[j:j + use]
                 q.next, at = j + use, at + use
                 self.last[i] = (q.cut, q.next)
-                if not len(q):
+                if q.next == q.end:
                     self.queues[i].popleft()
                 need -= use
+            self.queued[i] -= at
         self.delivered += count
         return Blocks(ids, docs)
 

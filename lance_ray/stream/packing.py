@@ -108,10 +108,11 @@ def narrow_dtype(dtype: np.dtype, *ids: int) -> np.dtype:
 def doc_ids_of(starts: np.ndarray, blocks: int, block_len: int) -> np.ndarray:
     """``doc_ids`` of ``blocks`` consecutive blocks whose document starts are ``starts``
     (ascending stream positions from the first block's start; later ones are ignored)."""
-    marks = np.zeros(blocks * block_len, dtype=np.int64)
+    # int32 (ids are below block_len): half the bytes of the cut; the batch's copy widens.
+    marks = np.zeros(blocks * block_len, dtype=np.int32)
     inside = starts[: np.searchsorted(starts, blocks * block_len)]
     marks[inside[inside % block_len != 0]] = 1
-    return np.cumsum(marks.reshape(blocks, block_len), axis=1)
+    return np.cumsum(marks.reshape(blocks, block_len), axis=1, dtype=np.int32)
 
 
 # Blocks cut at once are capped near this many tokens, so a large read is not turned into
@@ -123,8 +124,9 @@ CUT_TOKENS = 1 << 20
 class Cut:
     """Blocks cut at once from one split, with what the split's state is after each.
 
-    ``input_ids``/``doc_ids``: ``[k, L]`` int64. :meth:`progress_after` gives the exact
-    state after the first ``j`` of them.
+    ``input_ids``/``doc_ids``: ``[k, L]``, in the stream's integer type and int32 (the
+    batch's copy widens them). :meth:`progress_after` gives the exact state after the first
+    ``j`` of them.
     """
 
     input_ids: np.ndarray
