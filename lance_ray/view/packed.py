@@ -22,8 +22,7 @@ import pyarrow as pa
 import torch
 
 from ..read.ahead import ahead
-from ..read.documents import DocumentReads, split_runs
-from ..read.requests import NO_COST, ChunkResult, ReadCost
+from ..read.documents import DocumentReads
 from ..read.tokens import auto_budget, split_token_totals
 from ..state import format as st
 from ..state.packed import (
@@ -36,20 +35,21 @@ from ..state.packed import (
 )
 from ..stream.order import RankStream
 from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
-from ..stream.packing import Cut, cu_seqlens_of, position_ids_of
+from ..stream.packing import cu_seqlens_of, position_ids_of
 from .compat import worker_share
 from .iteration import timed
+from .packed_takes import Snapshot, Take, group_size, take_group
 
 if TYPE_CHECKING:
     from ..plan.sources import PlanSource
     from ..plan.splits import PlanSpec, SplitPlan
     from ..plan.table import TableRef
+    from ..read.requests import ChunkResult
     from ..stream.cursor import Cursor
     from ..topology import Topology
     from .stats import Gauge, Meter
 
 logger = logging.getLogger("lance_ray.dataset")
-Snapshot = list["tuple[Cut, int] | SplitProgress"]
 
 
 @dataclass(frozen=True)
@@ -153,20 +153,6 @@ def as_tensors(blocks: Blocks, options: PackOptions) -> dict[str, Any]:
         out["cu_seqlens"] = torch.from_numpy(cu)
         out["max_seqlen"] = int(np.diff(cu).max()) if len(cu) > 1 else 0
     return out
-
-
-def feed_chunk(packer: RankPacker, rows: RankStream, chunk: ChunkResult) -> None:
-    """Hand a read of ``rows`` (interleaved splits, arranged by split in the read task) to
-    the packer, split by split."""
-    splits, positions = rows.slice(chunk.seq, chunk.seq + len(chunk))
-    order = np.argsort(splits, kind="stable")  # the read's own grouping (documents.arrange)
-    splits, positions = splits[order], positions[order]
-    local = {split: i for i, split in enumerate(packer.splits)}
-    for run in split_runs(chunk.payload):
-        if not np.all(splits[run.lo:run.hi] == run.split):
-            raise RuntimeError(f"a packed read of rows {chunk.seq}.. came back grouped "
-                               "differently from its request; refusing to pack it")
-        packer.feed_joined(local[run.split], positions[run.lo:run.hi], run.stream, run.starts)
 
 
 class PackedView:
@@ -334,27 +320,26 @@ class PackedView:
         self._gauge.start(len(rows))
         chunks = self._read_rows(rows, documents=DocumentReads(self._pack_config.eos_id))
 
-        def step(size: int) -> tuple[Blocks, Snapshot, ReadCost]:
-            cost = NO_COST
-            while packer.wants(size) is not None:
-                chunk = next(chunks)
-                feed_chunk(packer, rows, chunk)
-                cost = cost + chunk.cost
-            blocks = packer.take(size)
-            return blocks, list(packer.last), cost
+        group = group_size(count)
 
+        def step(size: int) -> list[Take]:
+            return take_group(packer, rows, chunks, size, group)
+
+        # At most one group per batch left; every group but the last is non-empty.
         takes = ahead(step, itertools.repeat(count, -(-len(packer) // count)),
-                      self._prefetch_batches)
+                      max(1, -(-self._prefetch_batches // group)))
         try:
-            for (blocks, snapshot, cost), wait_s in timed(takes):
-                self._check_generation(generation)
-                self._pack_live = (splits, snapshot)
-                self._cursor.commit(0, batches)
-                self._gauge.taken = self._gauge.received
-                self._gauge.delivered += len(blocks)
-                self._meter.record(len(blocks), cost, 0, wait_s, batches=batches,
-                                   where=self._where)
-                yield blocks
+            for made, wait_s in timed(takes):
+                for blocks, snapshot, cost in made:
+                    self._check_generation(generation)
+                    self._pack_live = (splits, snapshot)
+                    self._cursor.commit(0, batches)
+                    self._gauge.taken = self._gauge.received
+                    self._gauge.delivered += len(blocks)
+                    self._meter.record(len(blocks), cost, 0, wait_s, batches=batches,
+                                       where=self._where)
+                    wait_s = 0.0
+                    yield blocks
             if generation == self._cursor.generation:
                 self._pack_ended = True
                 self._report_left_out(packer)
