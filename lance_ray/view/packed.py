@@ -325,11 +325,13 @@ class PackedView:
         def step(size: int) -> list[Take]:
             return take_group(packer, rows, chunks, size, group)
 
-        # At most one group per batch left; every group but the last is non-empty.
+        # At most one group per batch left; the first empty group ends the epoch.
         takes = ahead(step, itertools.repeat(count, -(-len(packer) // count)),
                       max(1, -(-self._prefetch_batches // group)))
         try:
             for made, wait_s in timed(takes):
+                if not made:
+                    break
                 for blocks, snapshot, cost in made:
                     self._check_generation(generation)
                     self._pack_live = (splits, snapshot)
