@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from .packing import Cut, PackConfig, SplitPacker, SplitProgress, join_documents
 NOT_ALIGNED = ("Packed checkpoint is not aligned across the splits owned by this iterator "
                "(their blocks_emitted_per_split differ); merge every rank's state with "
                "merge_state_dicts() and load the merged state before resuming")
+
+
+Last: TypeAlias = "tuple[Cut, int] | SplitProgress"  # a split's last block delivered, or its state
 
 
 @dataclass
@@ -66,7 +70,7 @@ class RankPacker:
             packer.exhausted = position >= split_len
         self.queues: list[deque[_Queued]] = [deque() for _ in self.splits]
         self.queued = [0] * len(self.splits)  # blocks in each split's queue
-        self.last: list[tuple[Cut, int] | SplitProgress] = list(progress)
+        self.last: list[Last] = list(progress)
         self.delivered = 0
         self.start_emitted = emitted.pop() if emitted else 0
         self.ignored_tokens = 0  # tokens of documents read after their split's budget
@@ -124,28 +128,45 @@ class RankPacker:
 
     def take(self, count: int) -> Blocks:
         """The next ``count`` blocks (after ``wants(count)`` returned None)."""
-        count = min(count, len(self))
-        L = self.config.block_len
-        ids = np.empty((count, L), dtype=np.int64)
-        docs = np.empty((count, L), dtype=np.int64)
-        n, t0 = len(self.splits), self.delivered
-        for i, need in enumerate(self._counts(count)):
-            rows = slice((i - t0) % n, count, n)
-            mine_ids, mine_docs, at = ids[rows], docs[rows], 0  # views: one copy per token
-            while need:
+        return self.take_batches(count, 1)[0][0]
+
+    def take_batches(self, count: int, batches: int) -> list[tuple[Blocks, list[Last]]]:
+        """The next ``batches`` batches of ``count`` blocks (the last may be short; after
+        ``wants(count * batches)`` returned None), each with every split's last block after
+        it (what ``last`` is after it). The batches are row slices of one array, so each
+        split's blocks are copied in a few runs, not a few per batch."""
+        total = min(count * batches, len(self))
+        L, n, t0 = self.config.block_len, len(self.splits), self.delivered
+        ids = np.empty((total, L), dtype=np.int64)
+        docs = np.empty((total, L), dtype=np.int64)
+        ends = [*range(count, total, count), total]
+        after: list[list[Last]] = [[] for _ in ends]
+        for i in range(n):
+            first = (i - t0) % n  # the split's blocks are rows first, first + n, ...
+            marks = [len(range(first, end, n)) for end in ends]  # its blocks by each end
+            need, at, b = marks[-1], 0, 0
+            mine_ids, mine_docs = ids[first::n], docs[first::n]  # views: one copy per token
+            while b < len(marks) and marks[b] == 0:
+                after[b].append(self.last[i])
+                b += 1
+            while at < need:
                 q = self.queues[i][0]
                 j = q.next
-                use = min(need, q.end - j)
+                use = min(need - at, q.end - j)
                 mine_ids[at:at + use] = q.cut.input_ids[j:j + use]  # widens to int64
                 mine_docs[at:at + use] = q.cut.doc_ids[j:j + use]
                 q.next, at = j + use, at + use
+                while b < len(marks) and marks[b] <= at:
+                    after[b].append((q.cut, q.next - (at - marks[b])))
+                    b += 1
                 self.last[i] = (q.cut, q.next)
                 if q.next == q.end:
                     self.queues[i].popleft()
-                need -= use
-            self.queued[i] -= at
-        self.delivered += count
-        return Blocks(ids, docs)
+            self.queued[i] -= need
+        self.delivered += total
+        starts = [0, *ends[:-1]]
+        return [(Blocks(ids[a:e], docs[a:e]), snapshot)
+                for a, e, snapshot in zip(starts, ends, after)]
 
     def progress(self) -> list[SplitProgress]:
         """Each split's state after the blocks delivered so far."""

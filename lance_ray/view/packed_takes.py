@@ -2,8 +2,9 @@
 
 Each call of :func:`take_group` hands over several consecutive batches at once: a batch of
 blocks is a few small copies, so handing each over on its own (a thread hand-off, a lock, a
-wake-up) cost more than making it. A group ends before a batch that needs another read, so
-batches already made never wait behind a read.
+wake-up) cost more than making it, and one group's blocks are copied in a few runs per
+split. A group ends before a batch that needs another read, so batches already made never
+wait behind a read.
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ import numpy as np
 
 from ..read.documents import split_runs
 from ..read.requests import NO_COST, ChunkResult, ReadCost
-from ..state.packed import SplitProgress
 from ..stream.order import RankStream
-from ..stream.packed_order import Blocks, RankPacker
-from ..stream.packing import Cut
+from ..stream.packed_order import Blocks, Last, RankPacker
 
 # A group holds about this many blocks (with iter_batches(8): 8 batches per hand-off).
 GROUP_BLOCKS = 64
-Snapshot = list["tuple[Cut, int] | SplitProgress"]
+Snapshot = list[Last]
 Take = tuple[Blocks, Snapshot, ReadCost]
 
 
@@ -48,15 +47,16 @@ def take_group(packer: RankPacker, rows: RankStream, chunks: Iterator[ChunkResul
                size: int, group: int) -> list[Take]:
     """Up to ``group`` next batches of ``size`` blocks, each with the state after it and
     the cost of the reads it needed; empty once the packer has no blocks left."""
-    out: list[Take] = []
     cost = NO_COST
-    while len(packer) and len(out) < group:
-        while packer.wants(size) is not None:
-            if out:  # hand over what is made before waiting for a read
-                return out
-            chunk = next(chunks)
-            feed_chunk(packer, rows, chunk)
-            cost = cost + chunk.cost
-        out.append((packer.take(size), list(packer.last), cost))
-        cost = NO_COST
-    return out
+    while len(packer):
+        ready = 0  # batches that need no more reads
+        while (ready < group and ready * size < len(packer)
+               and packer.wants((ready + 1) * size) is None):
+            ready += 1
+        if ready:
+            return [(blocks, snapshot, cost if b == 0 else NO_COST) for b, (blocks, snapshot)
+                    in enumerate(packer.take_batches(size, ready))]
+        chunk = next(chunks)
+        feed_chunk(packer, rows, chunk)
+        cost = cost + chunk.cost
+    return []
