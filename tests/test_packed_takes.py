@@ -32,12 +32,15 @@ def feed_some(rp, split_docs, n):
         rp.feed(k, np.arange(lo, lo + len(chunk)), values, offsets)
 
 
-def progress_key(rp_or_snapshot):
+def progress_key(lasts):
+    """Every split's whole state (buffer tokens and document starts included)."""
+    def listed(a):
+        return None if a is None else np.asarray(a).tolist()
+
     out = []
-    for last in rp_or_snapshot:
+    for last in lasts:
         p = last if isinstance(last, SplitProgress) else last[0].progress_after(last[1])
-        out.append((p.consumed, p.emitted,
-                    None if p.tokens is None else np.asarray(p.tokens).tolist()))
+        out.append((p.consumed, p.emitted, listed(p.tokens), listed(p.starts)))
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import numpy as np
@@ -34,6 +34,7 @@ class _Queued:
 
     cut: Cut
     next: int = 0
+    end: int = field(init=False)  # len(cut), kept: it is read for every batch
 
     def __post_init__(self) -> None:
         self.end = len(self.cut)
