@@ -4,6 +4,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lance_ray.read.convert import Columns, to_columns
 
@@ -32,6 +34,27 @@ def test_columns_hold_the_rows_in_the_given_order(order):
     assert cols.data["flag"].dtype == torch.bool
     assert cols.data["name"] == [f"r{i}" for i in want]  # no tensor form: a list
     assert cols.data["maybe"] == [None if i % 2 else float(i) for i in want]
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.integers(0, 40), st.lists(st.integers(0, 40), max_size=4), st.booleans(),
+       st.randoms(use_true_random=False))
+def test_a_chunked_read_converts_to_the_rows_of_its_combined_batch(n, cuts, shuffle, rnd):
+    # A read arrives as one chunk per fragment; the conversion copies straight from the
+    # chunks, and must give exactly what converting the combined batch gives.
+    batch = _batch(n)
+    bounds = sorted({0, n, *(min(c, n) for c in cuts)})
+    table = pa.Table.from_batches([batch.slice(a, b - a) for a, b in zip(bounds, bounds[1:])],
+                                  schema=batch.schema)
+    order = np.array(rnd.sample(range(n), n), dtype=np.int64) if shuffle else None
+    got, want = to_columns(table, order), to_columns(batch, order)
+    assert got.num_rows == want.num_rows == n
+    for name, value in want.data.items():
+        if isinstance(value, torch.Tensor):
+            assert got.data[name].dtype == value.dtype and torch.equal(got.data[name], value)
+            got.data[name].reshape(-1)[:1] = 0  # writable, never Arrow's memory
+        else:
+            assert got.data[name] == value
 
 
 def test_tensors_are_writable_copies_never_arrow_memory():

@@ -70,6 +70,14 @@ def test_ragged_columns_hold_every_row_nulls_and_empties_in_the_given_order(col,
     assert all(p.offsets[0] == 0 for p in parts)
     assert decode(Ragged.concat(parts), binary) == want
     got.values.add_(0) if got.values.dtype != torch.bool else None  # writable: no warning
+    # A read arrives in chunks (one per fragment), converted straight from them.
+    bounds = sorted({0, n, *data.draw(st.lists(st.integers(0, n), max_size=3))})
+    chunked = pa.chunked_array([arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:])],
+                               arr.type)
+    from_chunks = ragged(chunked, order)
+    assert from_chunks is not None and decode(from_chunks, binary) == want
+    assert torch.equal(from_chunks.offsets, got.offsets)
+    assert torch.equal(from_chunks.valid, got.valid)
 
 
 def test_list_elements_with_nulls_and_nested_lists_stay_python_lists():

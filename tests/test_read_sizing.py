@@ -111,8 +111,8 @@ def test_ray_reads_default_to_a_larger_byte_target_and_an_explicit_one_wins(wide
 
 @settings(deadline=None, max_examples=80)
 @given(lengths=st.lists(st.integers(0, 700), min_size=1, max_size=40), seed=st.integers(0, 9),
-       inner=st.sampled_from([None, 3]))
-def test_rows_gathered_slice_by_slice_equal_the_element_gather(lengths, seed, inner):
+       inner=st.sampled_from([None, 3]), cuts=st.lists(st.integers(0, 40), max_size=3))
+def test_rows_gathered_slice_by_slice_equal_the_element_gather(lengths, seed, inner, cuts):
     shape = (sum(lengths),) if inner is None else (sum(lengths), inner)
     values = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -120,4 +120,9 @@ def test_rows_gathered_slice_by_slice_equal_the_element_gather(lengths, seed, in
     starts, lens = starts[order], np.asarray(lengths, dtype=np.int64)[order]
     offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     want = np.concatenate([values[s : s + n] for s, n in zip(starts, lens)])
-    assert np.array_equal(gather_rows(values, starts, lens, offsets), want)
+    assert np.array_equal(gather_rows([values], starts, lens, offsets), want)
+    # The same values in chunks (cut between rows, as a read's fragments are).
+    row_ends = np.cumsum(lengths)
+    edges = sorted({0, len(values), *(int(row_ends[min(c, len(lengths) - 1)]) for c in cuts)})
+    chunks = [values[a:b] for a, b in zip(edges, edges[1:])] or [values]
+    assert np.array_equal(gather_rows(chunks, starts, lens, offsets), want)

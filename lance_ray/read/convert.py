@@ -75,13 +75,43 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
     """A list column of numbers (or of fixed-size lists of numbers) or a binary column as
     :class:`Ragged` (rows reordered by ``order`` if given), else None.
 
-    One copy: the gather that puts the rows in order, making them writable for torch. A
-    list column whose elements hold nulls has no such form (None).
+    One copy, straight from the read's chunks: the gather that puts the rows in order,
+    making them writable for torch. A list column whose elements hold nulls has no such form
+    (None).
     """
     import torch
 
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) and col.num_chunks else [col]
+    parts = []
+    for chunk in chunks:
+        part = _ragged_parts(chunk)
+        if part is None:
+            return None
+        parts.append(part)
+    values = [p[0] for p in parts]
+    # Starts count from the first chunk's values, the chunks' values laid end to end.
+    bases = np.cumsum([0, *(len(v) for v in values)])
+    row_starts = np.concatenate([p[1] + base for p, base in zip(parts, bases.tolist())])
+    row_lengths, row_valid = (np.concatenate([p[i] for p in parts]) for i in (2, 3))
+    if order is not None:
+        row_starts, row_lengths, row_valid = (x[order] for x in (row_starts, row_lengths,
+                                                                 row_valid))
+    offsets = np.zeros(len(row_valid) + 1, dtype=np.int64)
+    np.cumsum(row_lengths, out=offsets[1:])
+    if order is None and row_valid.all():  # each chunk's rows are one run of its values
+        out = np.concatenate([v[p[1][0] : p[1][-1] + p[2][-1]] for v, p in zip(values, parts)
+                              if len(p[1])] or [values[0][:0]])
+    else:
+        out = gather_rows(values, row_starts, row_lengths, offsets)
+    return Ragged(torch.from_numpy(out), torch.from_numpy(offsets), torch.from_numpy(row_valid))
+
+
+def _ragged_parts(col: pa.Array | pa.ChunkedArray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """One chunk's element values and each row's start, length and validity (a null row is
+    empty); None when the column has no :class:`Ragged` form."""
     if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
+        col = col.combine_chunks()  # a column of no chunks
     t, n = col.type, len(col)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         child = col.values
@@ -103,15 +133,7 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
     starts, lengths = off[:-1].astype(np.int64), np.diff(off).astype(np.int64)
     if col.null_count:
         lengths[~valid] = 0  # a null row is empty, whatever its slot holds
-    if order is not None:
-        starts, lengths, valid = starts[order], lengths[order], valid[order]
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if order is None and not col.null_count:
-        out = values[off[0] : off[-1]].copy()
-    else:
-        out = gather_rows(values, starts, lengths, offsets)
-    return Ragged(torch.from_numpy(out), torch.from_numpy(offsets), torch.from_numpy(valid))
+    return values, starts, lengths, valid
 
 
 # Rows at least this long (in elements) are gathered one slice (memcpy) per row: an index of
@@ -120,16 +142,20 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
 SLICED_ROW_ELEMENTS = 256
 
 
-def gather_rows(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+def gather_rows(values: list[np.ndarray], starts: np.ndarray, lengths: np.ndarray,
                 offsets: np.ndarray) -> np.ndarray:
-    """``values[starts[i] : starts[i] + lengths[i]]`` for every row ``i``, concatenated
-    (``offsets``: the rows' places in the output)."""
+    """Row ``i``'s ``lengths[i]`` elements from ``starts[i]`` of the ``values`` arrays laid
+    end to end, for every row, concatenated (``offsets``: the rows' places in the output)."""
     total = int(offsets[-1])
-    if total < SLICED_ROW_ELEMENTS * len(lengths):
-        return values[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)]
-    out = np.empty((total, *values.shape[1:]), dtype=values.dtype)
-    for start, at, length in zip(starts.tolist(), offsets[:-1].tolist(), lengths.tolist()):
-        out[at : at + length] = values[start : start + length]
+    if not len(lengths) or total < SLICED_ROW_ELEMENTS * len(lengths):
+        flat = values[0] if len(values) == 1 else np.concatenate(values)
+        return flat[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)]
+    bases = np.cumsum([0, *(len(v) for v in values)])
+    which = np.minimum(np.searchsorted(bases, starts, side="right") - 1, len(values) - 1)
+    out = np.empty((total, *values[0].shape[1:]), dtype=values[0].dtype)
+    for k, start, at, length in zip(which.tolist(), (starts - bases[which]).tolist(),
+                                    offsets[:-1].tolist(), lengths.tolist()):
+        out[at : at + length] = values[k][start : start + length]
     return out
 
 
@@ -188,26 +214,54 @@ def _rows(v: Ragged | list[Any]) -> list[Any]:
 def to_columns(batch: pa.RecordBatch | pa.Table, order: np.ndarray | None = None) -> Columns:
     """Convert ``batch`` (rows reordered by ``order`` if given) to ``Columns``.
 
-    Each numeric column is copied exactly once: the reordering gather when there is one,
-    else a copy making Arrow's read-only (possibly shared-memory) buffer writable for torch.
+    Each numeric column is copied exactly once, straight from the read's chunks: the
+    reordering gather when there is one, else a copy making Arrow's read-only (possibly
+    shared-memory) buffer writable for torch.
     """
     import torch
 
     data: dict[str, Any] = {}
     for name, col in zip(batch.schema.names, batch.columns):
-        arr = column_to_numpy(col)
-        if arr is None:
-            rows = ragged(col, order)
-            if rows is not None:
-                data[name] = rows
-                continue
-            values = col if order is None else col.take(pa.array(order))
-            data[name] = values.to_pylist()
-        elif order is not None:
-            data[name] = torch.from_numpy(arr[order])
-        else:
-            data[name] = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        arr = numeric_rows(col, order)
+        if arr is not None:
+            data[name] = torch.from_numpy(arr)
+            continue
+        rows = ragged(col, order)
+        if rows is not None:
+            data[name] = rows
+            continue
+        values = col if order is None else col.take(pa.array(order))
+        data[name] = values.to_pylist()
     return Columns(data, batch.num_rows, batch.nbytes)
+
+
+def numeric_rows(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None
+                 ) -> np.ndarray | None:
+    """A numeric column's rows (reordered by ``order``) as one new writable array, copied
+    straight from its chunks; None when it has no tensor form."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) and col.num_chunks else [col]
+    arrays = []
+    for chunk in chunks:
+        arr = column_to_numpy(chunk)
+        if arr is None:
+            return None
+        arrays.append(arr)
+    if len(arrays) == 1:
+        arr = arrays[0]
+        if order is not None:
+            return np.take(arr, order, axis=0)
+        return arr if arr.flags.writeable else arr.copy()
+    if order is None:
+        return np.concatenate(arrays)
+    # Each chunk's rows go straight to their places: no combined copy in between.
+    places = np.empty_like(order)
+    places[order] = np.arange(len(order))
+    out = np.empty((len(order), *arrays[0].shape[1:]), dtype=arrays[0].dtype)
+    lo = 0
+    for arr in arrays:
+        out[places[lo : lo + len(arr)]] = arr
+        lo += len(arr)
+    return out
 
 
 def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:

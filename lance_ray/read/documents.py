@@ -51,7 +51,7 @@ class DocumentReads:
 
     eos_id: int
 
-    def arrange(self, batch: pa.RecordBatch, inverse: np.ndarray | None,
+    def arrange(self, batch: pa.RecordBatch | pa.Table, inverse: np.ndarray | None,
                 request: ChunkRequest) -> pa.RecordBatch:
         """The read ``batch`` of ``request`` (rows in address order; ``inverse`` puts them
         in request order, None when they are), as one row per document grouped by split."""

@@ -15,7 +15,7 @@ from .convert import to_columns
 from .documents import DocumentReads
 from .items import note_objects
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
-from .take import take_sorted
+from .take import one_batch, take_sorted
 from .transform import TransformPolicy
 
 
@@ -44,18 +44,18 @@ class LocalReader:
     def _read(self, req: ChunkRequest) -> list[ChunkResult]:
         payload: Any
         started = time.perf_counter()
-        batch, inverse = take_sorted(self.table, req.row_ids, self.columns)
+        rows, inverse = take_sorted(self.table, req.row_ids, self.columns)
         read = time.perf_counter()
         if self.documents is not None:
-            payload = self.documents.arrange(batch, inverse, req)
+            payload = self.documents.arrange(rows, inverse, req)
         elif self.as_tensors and self.transform is None:
-            payload = to_columns(batch, inverse)
+            payload = to_columns(rows, inverse)
         else:
-            payload = batch if inverse is None else batch.take(pa.array(inverse))
+            payload = one_batch(rows if inverse is None else rows.take(pa.array(inverse)))
             if self.transform is not None:
                 payload, why = self.transform.columns(payload)
                 note_objects(why)
-        cost = ReadCost(batch.nbytes, read - started, time.perf_counter() - read)
+        cost = ReadCost(rows.nbytes, read - started, time.perf_counter() - read)
         return span_results(req.spans, payload, cost)
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:

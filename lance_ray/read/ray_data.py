@@ -34,7 +34,7 @@ from .documents import DocumentReads
 from .items import from_arrow, to_arrow
 from .local import LocalReader
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
-from .take import take_in_order, take_sorted
+from .take import one_batch, take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
 
 logger = logging.getLogger(__name__)
@@ -91,15 +91,15 @@ def _read_block(table: TableRef, columns: list[str] | None, documents: DocumentR
     split for packed reads), with their stream positions and the read's cost."""
     started = time.perf_counter()
     if documents is None:
-        batch = take_in_order(table, chunk.row_ids, columns)
+        rows = take_in_order(table, chunk.row_ids, columns)
     else:
         got, inverse = take_sorted(table, chunk.row_ids, columns)
-        batch = documents.arrange(got, inverse, chunk)
+        rows = pa.Table.from_batches([documents.arrange(got, inverse, chunk)])
     seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in chunk.spans]))
-    out = pa.Table.from_batches([batch]).append_column(SEQ_COLUMN, seq)
-    cost = (batch.nbytes, time.perf_counter() - started, 0.0)
+    out = rows.append_column(SEQ_COLUMN, seq)
+    cost = (rows.nbytes, time.perf_counter() - started, 0.0)
     for name, value in zip(COST_COLUMNS, cost):
-        out = out.append_column(name, _first_row(value, batch.num_rows))
+        out = out.append_column(name, _first_row(value, rows.num_rows))
     yield out
 
 
@@ -112,9 +112,7 @@ class _TransformStage:
         self.transform = transform
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        data = table.drop_columns(list(INTERNAL_COLUMNS)).combine_chunks()
-        batch = data.to_batches()[0] if data.num_rows else pa.RecordBatch.from_pylist(
-            [], schema=data.schema)
+        batch = one_batch(table.drop_columns(list(INTERNAL_COLUMNS)))
         started = time.perf_counter()
         payload, why = self.transform.columns(batch)
         if isinstance(payload, list):
@@ -183,8 +181,7 @@ class RayDataReader:
         if self.transform is not None:
             payload = from_arrow(data)
         else:
-            payload = to_columns(data) if self.as_tensors else data.combine_chunks(
-                ).to_batches()[0]
+            payload = to_columns(data) if self.as_tensors else one_batch(data)
         convert_s = time.perf_counter() - started
         return span_results(spans, payload, ReadCost(int(nbytes), float(fetch_s),
                                                      float(transform_s) + convert_s))

@@ -34,7 +34,7 @@ def read_sorted(table: TableRef, ids: np.ndarray, columns: list[str] | None) -> 
     if ds.has_stable_row_ids:
         return table.take_rows(ids, columns)
     # One chunk per fragment (Lance's default is one per 8,192 rows): fewer pieces for the
-    # one copy that combines them.
+    # one copy that converts the read.
     got = ds.scanner(columns=columns, fragments=_fragments(ds, ids), scan_in_order=True,
                      with_row_address=True, batch_size=max(len(ids), 1),
                      row_addr_allowlist=allowlist(ids)).to_table()
@@ -48,12 +48,13 @@ def read_sorted(table: TableRef, ids: np.ndarray, columns: list[str] | None) -> 
 
 def take_sorted(
     table: TableRef, row_ids: np.ndarray, columns: list[str] | None
-) -> tuple[pa.RecordBatch, np.ndarray | None]:
+) -> tuple[pa.Table, np.ndarray | None]:
     """Read ``row_ids`` at the pinned version in ascending address order.
 
-    Returns the rows and the permutation that puts them back in the given order (None when
-    they already are). Sorting makes one take touch each fragment once with ascending
-    offsets, the coalesced access Lance reads fastest.
+    Returns the rows (one chunk per fragment read: the conversion to tensors copies them
+    once, straight from the chunks) and the permutation that puts them back in the given
+    order (None when they already are). Sorting makes one read touch each fragment once with
+    ascending offsets, the coalesced access Lance reads fastest.
     """
     ids = np.asarray(row_ids, dtype=np.uint64)
     order = None if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
@@ -64,19 +65,23 @@ def take_sorted(
             f"Lance returned {got.num_rows} rows for {len(ids)} planned row ids at version "
             f"{table.version}; the pinned version no longer holds the planned rows"
         )
-    batch = got.combine_chunks().to_batches()[0] if got.num_rows else pa.RecordBatch.from_pylist(
-        [], schema=got.schema)
     if order is None:
-        return batch, None
+        return got, None
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    return batch, inverse
+    return got, inverse
+
+
+def one_batch(rows: pa.Table) -> pa.RecordBatch:
+    """``rows`` as one record batch (what a transform or a ``collate_fn`` is given)."""
+    if not rows.num_rows:
+        return pa.RecordBatch.from_pylist([], schema=rows.schema)
+    return rows.combine_chunks().to_batches()[0]
 
 
 def take_in_order(
     table: TableRef, row_ids: np.ndarray, columns: list[str] | None
-) -> pa.RecordBatch:
+) -> pa.Table:
     """Read ``row_ids`` at the pinned version and return them in the given order."""
-    batch, inverse = take_sorted(table, row_ids, columns)
-    return batch if inverse is None else batch.take(pa.array(inverse))
-
+    rows, inverse = take_sorted(table, row_ids, columns)
+    return rows if inverse is None else rows.take(pa.array(inverse))
