@@ -23,9 +23,10 @@ def _docs(lengths: list[int], seed: int) -> list[list[int]]:
 
 @settings(max_examples=60, deadline=None)
 @given(lengths=hs.lists(hs.integers(0, 9) | hs.integers(30, 90), min_size=1, max_size=40),
-       seed=hs.integers(0, 2**16), num_splits=hs.integers(1, 5), sliced=hs.booleans())
+       seed=hs.integers(0, 2**16), num_splits=hs.integers(1, 5), sliced=hs.booleans(),
+       cuts=hs.lists(hs.integers(0, 40), max_size=3))
 def test_each_split_run_is_its_documents_joined_in_request_order(lengths, seed, num_splits,
-                                                                 sliced):
+                                                                 sliced, cuts):
     # Short and long documents: both ways of joining them (Arrow take, one copy per run).
     rng = np.random.default_rng(seed)
     docs = _docs(lengths, seed)  # request order
@@ -37,7 +38,11 @@ def test_each_split_run_is_its_documents_joined_in_request_order(lengths, seed, 
     column = pa.array([docs[i] for i in address_order], pa.list_(pa.int32()))
     if sliced:  # an Arrow slice: offsets that do not start at 0
         column = pa.concat_arrays([pa.array([[7, 7, 7]], pa.list_(pa.int32())), column])[1:]
-    batch = pa.RecordBatch.from_arrays([column], ["tokens"])
+    # A read comes in chunks, one per fragment.
+    bounds = sorted({0, len(docs), *(min(c, len(docs)) for c in cuts)})
+    batch = pa.Table.from_batches(
+        [pa.RecordBatch.from_arrays([column.slice(a, b - a)], ["tokens"])
+         for a, b in zip(bounds, bounds[1:])])
     request = ChunkRequest(((0, len(docs)),), np.arange(len(docs), dtype=np.uint64), splits)
 
     arranged = DocumentReads(EOS).arrange(batch, inverse, request)

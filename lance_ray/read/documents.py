@@ -63,9 +63,13 @@ class DocumentReads:
         order = np.argsort(splits, kind="stable")
         rows = order if inverse is None else inverse[order]
         column = batch.column(0)
-        values, offsets = documents(column, widen=False)
-        if len(values) >= RUN_COPY_MIN_TOKENS * max(len(rows), 1):
-            stream, starts = join_runs(values, offsets, rows, self.eos_id)
+        # One read comes in chunks (one per fragment); long documents are copied straight
+        # from theirs.
+        chunks = [documents(c, widen=False) for c in (
+            column.chunks if isinstance(column, pa.ChunkedArray) and column.num_chunks
+            else [column])]
+        if sum(len(v) for v, _ in chunks) >= RUN_COPY_MIN_TOKENS * max(len(rows), 1):
+            stream, starts = join_runs(chunks, rows, self.eos_id)
         else:
             if not np.array_equal(rows, np.arange(len(rows))):
                 column = column.take(pa.array(rows))

@@ -80,17 +80,24 @@ def join_documents(values: np.ndarray, offsets: np.ndarray, eos_id: int
     return stream, starts
 
 
-def join_runs(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray, eos_id: int
+def join_runs(chunks: list[tuple[np.ndarray, np.ndarray]], rows: np.ndarray, eos_id: int
               ) -> tuple[np.ndarray, np.ndarray]:
-    """``join_documents`` of the documents ``rows`` (in that order) of ``(values, offsets)``,
-    one copy per document, kept in the values' integer type when ``eos_id`` fits in it (a
-    later copy widens it anyway)."""
-    dtype = narrow_dtype(values.dtype, eos_id)
+    """``join_documents`` of the documents ``rows`` (in that order) of the ``(values,
+    offsets)`` chunks, their rows numbered end to end: one copy per document, straight from
+    its chunk, kept in the values' integer type when ``eos_id`` fits in it (a later copy
+    widens it anyway)."""
+    dtype = narrow_dtype(chunks[0][0].dtype, eos_id)
     eos = np.array([eos_id], dtype=dtype)
-    lo, hi = offsets[rows], offsets[rows + 1]
+    bases = np.cumsum([0, *(len(offsets) - 1 for _, offsets in chunks)])
+    which = np.searchsorted(bases, rows, side="right") - 1
+    lo, hi = np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
+    for k, (_, offsets) in enumerate(chunks):
+        mine = which == k
+        local = rows[mine] - bases[k]
+        lo[mine], hi[mine] = offsets[local], offsets[local + 1]
     pieces: list[np.ndarray] = []
-    for a, b in zip(lo.tolist(), hi.tolist()):
-        pieces += (values[a:b], eos)
+    for k, a, b in zip(which.tolist(), lo.tolist(), hi.tolist()):
+        pieces += (chunks[k][0][a:b], eos)
     sizes = hi - lo + 1
     stream = np.concatenate(pieces, dtype=dtype) if pieces else np.empty(0, dtype)
     return stream, np.cumsum(sizes) - sizes
