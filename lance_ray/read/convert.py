@@ -8,11 +8,14 @@ offsets), anything else (strings, nulls) lists.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+
+T = TypeVar("T")
 
 
 def column_to_numpy(col: pa.Array) -> np.ndarray | None:
@@ -71,6 +74,23 @@ class Ragged:
                       torch.cat([p.valid for p in parts]))
 
 
+def chunks_of(col: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A column's chunks (a read brings one per fragment); a column of no chunks as itself."""
+    return col.chunks if isinstance(col, pa.ChunkedArray) and col.num_chunks else [col]
+
+
+def per_chunk(col: pa.Array | pa.ChunkedArray, convert: Callable[[Any], T | None]
+              ) -> list[T] | None:
+    """``convert`` of each of the column's chunks; None if any chunk has no such form."""
+    out = []
+    for chunk in chunks_of(col):
+        part = convert(chunk)
+        if part is None:
+            return None
+        out.append(part)
+    return out
+
+
 def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> Ragged | None:
     """A list column of numbers (or of fixed-size lists of numbers) or a binary column as
     :class:`Ragged` (rows reordered by ``order`` if given), else None.
@@ -81,13 +101,9 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
     """
     import torch
 
-    chunks = col.chunks if isinstance(col, pa.ChunkedArray) and col.num_chunks else [col]
-    parts = []
-    for chunk in chunks:
-        part = _ragged_parts(chunk)
-        if part is None:
-            return None
-        parts.append(part)
+    parts = per_chunk(col, _ragged_parts)
+    if parts is None:
+        return None
     values = [p[0] for p in parts]
     # Starts count from the first chunk's values, the chunks' values laid end to end.
     bases = np.cumsum([0, *(len(v) for v in values)])
@@ -239,13 +255,9 @@ def numeric_rows(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None
                  ) -> np.ndarray | None:
     """A numeric column's rows (reordered by ``order``) as one new writable array, copied
     straight from its chunks; None when it has no tensor form."""
-    chunks = col.chunks if isinstance(col, pa.ChunkedArray) and col.num_chunks else [col]
-    arrays = []
-    for chunk in chunks:
-        arr = column_to_numpy(chunk)
-        if arr is None:
-            return None
-        arrays.append(arr)
+    arrays = per_chunk(col, column_to_numpy)
+    if arrays is None:
+        return None
     if len(arrays) == 1:
         arr = arrays[0]
         if order is not None:

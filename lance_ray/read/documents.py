@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..stream.packing import documents, join_documents, join_runs
+from .convert import chunks_of
 from .requests import ChunkRequest
 
 SPLIT_COLUMN = "__lance_ray_split"
@@ -65,9 +66,7 @@ class DocumentReads:
         column = batch.column(0)
         # One read comes in chunks (one per fragment); long documents are copied straight
         # from theirs.
-        chunks = [documents(c, widen=False) for c in (
-            column.chunks if isinstance(column, pa.ChunkedArray) and column.num_chunks
-            else [column])]
+        chunks = [documents(c, widen=False) for c in chunks_of(column)]
         if sum(len(v) for v, _ in chunks) >= RUN_COPY_MIN_TOKENS * max(len(rows), 1):
             stream, starts = join_runs(chunks, rows, self.eos_id)
         else:
