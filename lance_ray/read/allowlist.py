@@ -6,7 +6,8 @@ and the bitmap in the portable Roaring format (no run containers: a ``u32`` cook
 container count, each container's ``u16`` key and cardinality - 1, the ``u32`` offsets of the
 containers, then each container: sorted ``u16`` values up to 4,096 of them, else 8 KB of
 bits). pylance builds it from a Python list of ints (``serialize_row_addrs``), which cost
-4-7 ms per 60,000 addresses here, a third of the read itself; this costs under 1 ms.
+4.7-6.6 ms per 60,000 addresses here, about half as long as the read itself; this costs
+0.8 ms.
 
 The format is pylance's own, so the first encoding in each process is compared byte for
 byte with ``serialize_row_addrs``; if a pylance release changes it, every read falls back to
