@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from lance_ray.read.requests import ChunkResult
-from lance_ray.stream.packed_order import RankPacker
+from lance_ray.stream.packed_order import RankPacker, progress_of
 from lance_ray.stream.packing import PackConfig, SplitProgress
 from lance_ray.view import packed_takes
 
@@ -39,7 +39,7 @@ def progress_key(lasts):
 
     out = []
     for last in lasts:
-        p = last if isinstance(last, SplitProgress) else last[0].progress_after(last[1])
+        p = progress_of(last)
         out.append((p.consumed, p.emitted, listed(p.tokens), listed(p.starts)))
     return out
 

@@ -101,31 +101,41 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
     """
     import torch
 
-    parts = per_chunk(col, _ragged_parts)
+    parts = per_chunk(col, _ragged_chunk)
     if parts is None:
         return None
-    values = [p[0] for p in parts]
+    values = [p.values for p in parts]
     # Starts count from the first chunk's values, the chunks' values laid end to end.
     bases = np.cumsum([0, *(len(v) for v in values)])
-    row_starts = np.concatenate([p[1] + base for p, base in zip(parts, bases.tolist())])
-    row_lengths, row_valid = (np.concatenate([p[i] for p in parts]) for i in (2, 3))
+    starts = np.concatenate([p.starts + base for p, base in zip(parts, bases.tolist())])
+    lengths = np.concatenate([p.lengths for p in parts])
+    valid = np.concatenate([p.valid for p in parts])
     if order is not None:
-        row_starts, row_lengths, row_valid = (x[order] for x in (row_starts, row_lengths,
-                                                                 row_valid))
-    offsets = np.zeros(len(row_valid) + 1, dtype=np.int64)
-    np.cumsum(row_lengths, out=offsets[1:])
-    if order is None and row_valid.all():  # each chunk's rows are one run of its values
-        out = np.concatenate([v[p[1][0] : p[1][-1] + p[2][-1]] for v, p in zip(values, parts)
-                              if len(p[1])] or [values[0][:0]])
+        starts, lengths, valid = starts[order], lengths[order], valid[order]
+    offsets = np.zeros(len(valid) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if order is None and valid.all():  # each chunk's rows are one run of its values
+        out = np.concatenate([p.values[p.starts[0] : p.starts[-1] + p.lengths[-1]]
+                              for p in parts if len(p.starts)] or [values[0][:0]])
     else:
-        out = gather_rows(values, row_starts, row_lengths, offsets)
-    return Ragged(torch.from_numpy(out), torch.from_numpy(offsets), torch.from_numpy(row_valid))
+        out = gather_rows(values, starts, lengths, offsets)
+    return Ragged(torch.from_numpy(out), torch.from_numpy(offsets), torch.from_numpy(valid))
 
 
-def _ragged_parts(col: pa.Array | pa.ChunkedArray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """One chunk's element values and each row's start, length and validity (a null row is
-    empty); None when the column has no :class:`Ragged` form."""
+@dataclass(frozen=True)
+class _RaggedChunk:
+    """One chunk of a ragged column: its element values, and each row's start and length in
+    them and validity (a null row is empty)."""
+
+    values: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    valid: np.ndarray
+
+
+def _ragged_chunk(col: pa.Array | pa.ChunkedArray) -> _RaggedChunk | None:
+    """One chunk's :class:`_RaggedChunk`; None when the column has no :class:`Ragged`
+    form."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()  # a column of no chunks
     t, n = col.type, len(col)
@@ -149,7 +159,7 @@ def _ragged_parts(col: pa.Array | pa.ChunkedArray
     starts, lengths = off[:-1].astype(np.int64), np.diff(off).astype(np.int64)
     if col.null_count:
         lengths[~valid] = 0  # a null row is empty, whatever its slot holds
-    return values, starts, lengths, valid
+    return _RaggedChunk(values, starts, lengths, valid)
 
 
 # Rows at least this long (in elements) are gathered one slice (memcpy) per row: an index of

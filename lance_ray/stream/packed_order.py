@@ -28,6 +28,22 @@ NOT_ALIGNED = ("Packed checkpoint is not aligned across the splits owned by this
 Last: TypeAlias = "tuple[Cut, int] | SplitProgress"  # a split's last block delivered, or its state
 
 
+def progress_of(last: Last) -> SplitProgress:
+    """The split's exact state after ``last``."""
+    if isinstance(last, SplitProgress):
+        return last
+    cut, j = last
+    return cut.progress_after(j)
+
+
+def emitted_of(last: Last) -> int:
+    """The split's blocks emitted after ``last`` (without building its state)."""
+    if isinstance(last, SplitProgress):
+        return last.emitted
+    cut, j = last
+    return cut.first_emitted + j
+
+
 @dataclass
 class _Queued:
     """A cut whose blocks from ``next`` on are not delivered yet."""
@@ -171,14 +187,7 @@ class RankPacker:
 
     def progress(self) -> list[SplitProgress]:
         """Each split's state after the blocks delivered so far."""
-        out = []
-        for last in self.last:
-            if isinstance(last, SplitProgress):
-                out.append(last)
-            else:
-                cut, j = last
-                out.append(cut.progress_after(j))
-        return out
+        return [progress_of(last) for last in self.last]
 
     def left_out(self) -> tuple[list[int], int]:
         """Once the budget is spent: splits (local indices) with documents never read, and

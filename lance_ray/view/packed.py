@@ -35,7 +35,7 @@ from ..state.packed import (
     parse_packed_state,
 )
 from ..stream.order import RankStream
-from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker
+from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker, emitted_of, progress_of
 from ..stream.packing import cu_seqlens_of, position_ids_of
 from .compat import worker_share
 from .iteration import timed
@@ -220,16 +220,14 @@ class PackedView:
         if self._pack_live is not None:
             splits, snapshot = self._pack_live
             for split, last in zip(splits, snapshot):
-                out[split] = last if isinstance(last, SplitProgress) else last[0].progress_after(
-                    last[1])
+                out[split] = progress_of(last)
         return out
 
     def _pack_emitted(self) -> list[int]:
         out = [p.emitted for p in self._pack_base]
         if self._pack_live is not None:
             for split, last in zip(*self._pack_live):
-                out[split] = last.emitted if isinstance(last, SplitProgress) else (
-                    last[0].first_emitted + last[1])
+                out[split] = emitted_of(last)
         return out
 
     def _packed_len(self) -> int:
