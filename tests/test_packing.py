@@ -296,9 +296,38 @@ def test_the_loader_without_workers_yields_the_packed_batches(corpora):
     got = [blocks_of([{"input_ids": i, "doc_ids": d}
                       for i, d in zip(b["input_ids"], b["doc_ids"])]) for b in loader]
     assert sum(got, []) == blocks_of(Reference(table, **kw))
-    with pytest.raises(ValueError, match="num_workers=0"):
-        lance_ray.StreamingDataLoader(StreamingDataset(table, reader="local", **kw),
-                                      batch_size=4, num_workers=2)
+
+
+def loader_blocks(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    return blocks_of([{"input_ids": i, "doc_ids": d}
+                      for i, d in zip(batch["input_ids"], batch["doc_ids"])])
+
+
+@pytest.mark.parametrize("num_workers,num_splits,stop", [(1, 2, 1), (2, 2, 3), (3, 3, 2),
+                                                         (2, 4, 0)])
+def test_the_loader_with_workers_packs_the_blocks_and_states_of_num_workers_0(
+        corpora, num_workers, num_splits, stop):
+    """Workers read and arrange documents, the trainer packs: after ``stop`` batches the
+    state is the one without workers, and resuming from it (with workers) gives every
+    remaining block of the reference's sequence once."""
+    table, _ = corpora[1]
+    kw = packed(L=8, num_splits=num_splits, blocks_per_epoch=6 * num_splits,
+                read_batch_size=5)  # many reads, so every worker reads several
+    size = 2 * num_splits
+    states = []
+    for workers in (0, num_workers):
+        loader = lance_ray.StreamingDataLoader(StreamingDataset(table, reader="local", **kw),
+                                               batch_size=size, num_workers=workers)
+        it = iter(loader)
+        head = sum((loader_blocks(next(it)) for _ in range(stop)), [])
+        states.append(loader.state_dict())
+        it.close()
+    assert json.dumps(states[0], sort_keys=True) == json.dumps(states[1], sort_keys=True)
+    resumed = StreamingDataset(table, reader="local", **kw)
+    resumed.load_state_dict(states[1])
+    rest = lance_ray.StreamingDataLoader(resumed, batch_size=size, num_workers=num_workers)
+    ref = blocks_of(Reference(table, **{k: v for k, v in kw.items() if k != "read_batch_size"}))
+    assert head + sum((loader_blocks(b) for b in rest), []) == ref
 
 
 def test_the_ray_reader_packs_the_same_blocks(corpora, ray_session):

@@ -40,6 +40,8 @@ def packing_configurations() -> list[Config]:
                reader="ray", **kw),
         Config("pack-local", f"lance_ray packed iter_batches({PACK_BATCH}) (local)",
                "lance_ray", reader="local", **kw),
+        Config("pack-loader", f"lance_ray packed StreamingDataLoader({PACK_BATCH}, nw=2)",
+               "lance_ray", reader="local", loader_workers=2, **kw),
     ]
 
 
@@ -84,6 +86,9 @@ def packing_runner(spec: dict[str, Any], cfg: Config) -> Runner:
 
     def make_lr(state: dict | None) -> tuple[Any, Iterator[Any]]:
         ds = lance_ray.StreamingDataset(table, reader=cfg.reader, **kwargs)
+        if cfg.loader_workers:
+            return ds, iter(lance_ray.StreamingDataLoader(ds, batch_size=PACK_BATCH,
+                                                          num_workers=cfg.loader_workers))
         return ds, ds.iter_batches(PACK_BATCH)
 
     # The Ray path warms up on one whole epoch read to its end (stopping a Ray Data

@@ -9,8 +9,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..checks import positive_int
 from ..read.batching import collate
+from ..read.documents import DocumentReads
 from ..read.requests import NO_COST, ChunkResult, ReadCost
 from ..read.transform import portable_items
+from ..stream.order import RankStream
 from .dataset import StreamingDataset
 from .iteration import Lease, leased, timed
 from .reading import Pass
@@ -45,12 +47,20 @@ class _BatchSource(TravelsByValue, IterableDataset):
         self.batch_size, self.collate_fn = batch_size, collate_fn
         self.pass_: Pass | None = None
         self.group = 1
+        # A packed pass: the view, the rows it reads and how their documents are arranged.
+        self.packed: tuple[StreamingDataset, RankStream, DocumentReads] | None = None
 
     def __iter__(self) -> Iterator[Any]:
-        p = self.pass_
-        assert p is not None, "StreamingDataLoader starts its source before iterating"
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self.packed is not None:
+            # Workers read and arrange documents (what does not depend on order); the trainer
+            # packs them in order, so the blocks are those of num_workers=0.
+            view, rows, documents = self.packed
+            yield from view._read_rows(rows, worker, workers, documents=documents)
+            return
+        p = self.pass_
+        assert p is not None, "StreamingDataLoader starts its source before iterating"
         if p.drops_rows:
             # Which rows survive is known only after their transform: workers read every
             # k-th read and the trainer interleaves the survivors (and runs the policy).
@@ -83,7 +93,8 @@ class StreamingDataLoader(DataLoader):
     from Arrow, as ``StreamingDataset.iter_batches`` gives it (fixed-size list columns
     become 2-D tensors, list and binary columns ``{"values", "offsets", "valid"}``);
     otherwise ``collate_fn`` (default torch's ``default_collate``) collates the batch's
-    items, in the worker.
+    items, in the worker. A packed dataset (``pack_sequences``) gives the batches of its
+    ``iter_batches``: workers read and arrange its documents, this process packs them.
     """
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
@@ -102,13 +113,6 @@ class StreamingDataLoader(DataLoader):
                 "with a plain loop, or move its logic into a transform"
             )
         positive_int("batch_size", batch_size)
-        if getattr(dataset, "_packing", None) is not None and num_workers > 0:
-            raise ValueError(
-                "StreamingDataLoader with num_workers > 0 cannot load a packed dataset "
-                "(pack_sequences): a split's blocks depend on every earlier document of it, so "
-                "workers cannot share one rank's block sequence. Use num_workers=0: reads run "
-                "in Ray Data tasks (or reader threads) and packing on a background thread"
-            )
         if drop_last:
             raise ValueError(
                 "drop_last=True is not supported: dropped samples could not be accounted for "
@@ -163,9 +167,10 @@ class StreamingDataLoader(DataLoader):
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset
-        if dataset.packed:  # blocks are packed in this process (workers are refused)
-            yield from dataset.iter_batches(self._batch_size_samples,
-                                            collate_fn=self._source.collate_fn)
+        if dataset.packed:  # blocks are packed in this process, from the workers' reads
+            yield from dataset._packed_batches(lease, self._batch_size_samples,
+                                               self._source.collate_fn,
+                                               self._worker_reads if self.num_workers else None)
             return
         p = dataset.begin_pass(lease[0])
         self._source.pass_ = p  # pickled into the workers started below
@@ -187,6 +192,33 @@ class StreamingDataLoader(DataLoader):
             if shutdown is not None:
                 shutdown()
             p.close()
+
+    def _worker_reads(self, rows: RankStream, documents: DocumentReads
+                      ) -> Iterator[ChunkResult]:
+        """A packed pass's reads of ``rows``, made by the workers (worker ``w`` of ``k`` reads
+        ``w, w + k, ...``; torch's in-order loader returns them round-robin, in order)."""
+        dataset = self._streaming_dataset
+        self._source.packed = (dataset, rows, documents)  # pickled into the workers
+        try:
+            inner = super().__iter__()  # the workers start here, on the consumer's thread
+        finally:
+            self._source.packed = None
+        return self._in_order(inner)
+
+    def _in_order(self, inner: Iterator[ChunkResult]) -> Iterator[ChunkResult]:
+        gauge, expected = self._streaming_dataset._gauge, 0
+        try:
+            for chunk in inner:
+                if chunk.seq != expected:
+                    raise RuntimeError(f"a read of rows {chunk.seq}.. arrived where rows "
+                                       f"{expected}.. were due; refusing to pack out of order")
+                expected += len(chunk)
+                gauge.received += len(chunk)
+                yield chunk
+        finally:
+            shutdown = getattr(inner, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
     def _survivors(self, p: Pass, inner: Iterator[ChunkResult]) -> Iterator[Any]:
         def received() -> Iterator[ChunkResult]:

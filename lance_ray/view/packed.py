@@ -1,7 +1,8 @@
 """Sequence packing in a view (``pack_sequences``): arguments, iteration, state.
 
 The view reads its splits' remaining documents through the ordinary read path (the local or
-the Ray Data reader, every unread row of the rank's splits in round-robin order), and a
+the Ray Data reader, or StreamingDataLoader's workers; every unread row of the rank's splits
+in round-robin order), and a
 :class:`~lance_ray.stream.packed_order.RankPacker` on one background thread turns them into
 the reference's blocks (numpy over Arrow list offsets), handed over in groups of batches
 (``packed_takes``). Each batch carries a snapshot of where every split stands after it,
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from .stats import Gauge, Meter
 
 logger = logging.getLogger("lance_ray.dataset")
+# Where a packed pass's reads come from when not from the view's own reader: the documents
+# of ``rows`` read in order, arranged by ``DocumentReads`` (StreamingDataLoader's workers).
+PackedReads = Callable[[RankStream, DocumentReads], Iterator["ChunkResult"]]
 
 
 @dataclass(frozen=True)
@@ -280,11 +284,13 @@ class PackedView:
                    for k, v in out.items()}
 
     def _packed_batches(self, lease: list[weakref.ref[Iterator[Any]]], batch_size: int,
-                        collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
-        """``iter_batches``: ``batch_size`` blocks at a time (the last may be short)."""
+                        collate_fn: Callable[[list[Any]], Any] | None,
+                        reads: PackedReads | None = None) -> Iterator[Any]:
+        """``iter_batches``: ``batch_size`` blocks at a time (the last may be short); the
+        reads come from ``reads`` (DataLoader workers) instead of the view's reader."""
         options = self._packing
         assert options is not None
-        for blocks in self._packed_run(lease[0], batch_size, batches=1):
+        for blocks in self._packed_run(lease[0], batch_size, batches=1, reads=reads):
             if collate_fn is None:
                 yield as_tensors(blocks, options)
             else:
@@ -310,14 +316,19 @@ class PackedView:
         return packer, self._cursor.generation
 
     def _packed_run(self, lease: weakref.ref[Iterator[Any]] | None, count: int, *,
-                    batches: int) -> Iterator[Blocks]:
+                    batches: int, reads: PackedReads | None = None) -> Iterator[Blocks]:
         packer, generation = self._packed_begin(lease)
         splits = packer.splits
         consumed = [p.consumed for p in self._pack_base]
         rows = RankStream(splits, tuple(consumed[s] for s in splits),
                           tuple(consumed[s] for s in splits), self._plan.split_len)
         self._gauge.start(len(rows))
-        chunks = self._read_rows(rows, documents=DocumentReads(self._pack_config.eos_id))
+        documents = DocumentReads(self._pack_config.eos_id)
+        if reads is None:
+            chunks = self._read_rows(rows, documents=documents)
+        else:  # other processes hold the whole stream (``reads`` counts what arrives)
+            self._gauge.requested = self._gauge.total
+            chunks = reads(rows, documents)
 
         group = group_size(count)
 
