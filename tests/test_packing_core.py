@@ -140,6 +140,28 @@ def test_rank_packer_yields_one_block_per_split_per_cycle_with_exact_states(
     assert got == [(ids, doc) for ids, doc, *_ in expected]
 
 
+def test_blocks_of_hundreds_of_documents_number_them_all():
+    """Document starts are kept as int8 marks; their sum (the doc_ids) is never int8."""
+    from lance_ray.stream.packed_order import RankPacker
+
+    docs = [[5]] * 1500  # with eos, 2 tokens each: 1,024 documents per 2,048-token block
+    L, split_len = 2048, len(docs)
+    rp = RankPacker(PackConfig(L, 1, 0, 2), [0, 1], [SplitProgress()] * 2, split_len)
+    values = np.full(split_len, 5, np.int64)
+    offsets = np.arange(split_len + 1, dtype=np.int64)
+    for k in (0, 1):
+        rp.feed(k, np.arange(split_len), values, offsets)
+    assert rp.wants(4) is None
+    blocks = rp.take(4)  # rows: each split's first block, then each split's second
+    full = np.repeat(np.arange(L // 2), 2)
+    assert blocks.doc_ids.dtype == np.int64
+    for j in (0, 1):
+        assert blocks.doc_ids[j].tolist() == full.tolist()
+    for j in (2, 3):  # the other 476 documents, then padding (keeping the last id)
+        assert blocks.doc_ids[j, :952].tolist() == full[:952].tolist()
+        assert set(blocks.doc_ids[j, 952:].tolist()) == {475}
+
+
 def test_rank_packer_refuses_splits_at_different_blocks():
     import pytest
 

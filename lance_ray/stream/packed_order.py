@@ -171,7 +171,7 @@ class RankPacker:
                 j = q.next
                 use = min(need - at, q.end - j)
                 mine_ids[at:at + use] = q.cut.input_ids[j:j + use]  # widens to int64
-                mine_docs[at:at + use] = q.cut.doc_ids[j:j + use]
+                np.cumsum(q.cut.doc_starts[j:j + use], axis=1, out=mine_docs[at:at + use])
                 q.next, at = j + use, at + use
                 while b < len(marks) and marks[b] <= at:
                     after[b].append((q.cut, q.next - (at - marks[b])))

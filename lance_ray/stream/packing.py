@@ -112,14 +112,16 @@ def narrow_dtype(dtype: np.dtype, *ids: int) -> np.dtype:
     return np.dtype(np.int64)
 
 
-def doc_ids_of(starts: np.ndarray, blocks: int, block_len: int) -> np.ndarray:
-    """``doc_ids`` of ``blocks`` consecutive blocks whose document starts are ``starts``
-    (ascending stream positions from the first block's start; later ones are ignored)."""
-    # int32 (ids are below block_len): half the bytes of the cut; the batch's copy widens.
-    marks = np.zeros(blocks * block_len, dtype=np.int32)
+def doc_starts_of(starts: np.ndarray, blocks: int, block_len: int) -> np.ndarray:
+    """``[blocks, block_len]`` int8 marks of ``blocks`` consecutive blocks whose document
+    starts are ``starts`` (ascending stream positions from the first block's start; later ones
+    are ignored): 1 where a document starts after a block's first token. A block's
+    ``doc_ids`` are their running sum along it."""
+    # int8: a quarter of the bytes of int32 ids; the batch's copy sums them into int64.
+    marks = np.zeros(blocks * block_len, dtype=np.int8)
     inside = starts[: np.searchsorted(starts, blocks * block_len)]
     marks[inside[inside % block_len != 0]] = 1
-    return np.cumsum(marks.reshape(blocks, block_len), axis=1, dtype=np.int32)
+    return marks.reshape(blocks, block_len)
 
 
 # Blocks cut at once are capped near this many tokens, so a large read is not turned into
@@ -131,13 +133,14 @@ CUT_TOKENS = 1 << 20
 class Cut:
     """Blocks cut at once from one split, with what the split's state is after each.
 
-    ``input_ids``/``doc_ids``: ``[k, L]``, in the stream's integer type and int32 (the
-    batch's copy widens them). :meth:`progress_after` gives the exact state after the first
-    ``j`` of them.
+    ``input_ids``: ``[k, L]`` in the stream's integer type (the batch's copy widens them);
+    ``doc_starts``: ``[k, L]`` marks whose running sum along a block is its ``doc_ids``
+    (``doc_starts_of``). :meth:`progress_after` gives the exact state after the first ``j``
+    of them.
     """
 
     input_ids: np.ndarray
-    doc_ids: np.ndarray
+    doc_starts: np.ndarray
     first_emitted: int  # blocks emitted before this cut
     consumed: np.ndarray  # [k] documents consumed after each block
     ends: np.ndarray  # [k] stream position where the buffer ends after each block
@@ -148,6 +151,11 @@ class Cut:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def doc_ids(self) -> np.ndarray:
+        """``[k, L]`` int64 document ids of the cut's blocks."""
+        return np.cumsum(self.doc_starts, axis=1, dtype=np.int64)
 
     def progress_after(self, j: int) -> SplitProgress:
         """The split's state after the first ``j`` (``1 <= j <= len``) blocks of the cut."""
@@ -239,7 +247,7 @@ class SplitPacker:
         taken = np.searchsorted(pending, block_ends, side="left")
         ends = np.maximum(np.append(pending, len(self.stream))[taken], block_ends)
         lo = int(np.searchsorted(self.starts, head))
-        cut = Cut(ids.reshape(count, L), doc_ids_of(self.starts[lo:] - head, count, L),
+        cut = Cut(ids.reshape(count, L), doc_starts_of(self.starts[lo:] - head, count, L),
                   self.emitted, self.consumed + taken, ends, self.stream, self.starts, head, L)
         self.consumed += int(taken[-1])
         self.emitted += count
