@@ -29,6 +29,7 @@ demo-lm: venv
 
 bench: venv
 	$(PY) -m jobs.bench
+	$(PY) -m jobs.bench.paired
 
 clean:
 	rm -rf $(VENV) runs
