@@ -80,6 +80,36 @@ class _BatchSource(TravelsByValue, IterableDataset):
 
 
 
+def stop_workers(inner: Iterator[Any]) -> None:
+    """Stop the workers of a DataLoader iterator now (not when it is collected)."""
+    shutdown = getattr(inner, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+class _InOrder:
+    """The workers' reads of a packed pass, checked to arrive in stream order and counted;
+    ``close()`` stops the workers, even when no read was ever asked for."""
+
+    def __init__(self, inner: Iterator[ChunkResult], gauge: Any):
+        self.inner, self.gauge, self.expected = inner, gauge, 0
+
+    def __iter__(self) -> _InOrder:
+        return self
+
+    def __next__(self) -> ChunkResult:
+        chunk = next(self.inner)
+        if chunk.seq != self.expected:
+            raise RuntimeError(f"a read of rows {chunk.seq}.. arrived where rows "
+                               f"{self.expected}.. were due; refusing to pack out of order")
+        self.expected += len(chunk)
+        self.gauge.received += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        stop_workers(self.inner)
+
+
 class StreamingDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`StreamingDataset` with exact, consumer-committed state.
 
@@ -188,13 +218,10 @@ class StreamingDataLoader(DataLoader):
                 yield from self._committed(p, inner)
             p.finished()
         finally:
-            shutdown = getattr(inner, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            stop_workers(inner)
             p.close()
 
-    def _worker_reads(self, rows: RankStream, documents: DocumentReads
-                      ) -> Iterator[ChunkResult]:
+    def _worker_reads(self, rows: RankStream, documents: DocumentReads) -> _InOrder:
         """A packed pass's reads of ``rows``, made by the workers (worker ``w`` of ``k`` reads
         ``w, w + k, ...``; torch's in-order loader returns them round-robin, in order)."""
         dataset = self._streaming_dataset
@@ -203,22 +230,7 @@ class StreamingDataLoader(DataLoader):
             inner = super().__iter__()  # the workers start here, on the consumer's thread
         finally:
             self._source.packed = None
-        return self._in_order(inner)
-
-    def _in_order(self, inner: Iterator[ChunkResult]) -> Iterator[ChunkResult]:
-        gauge, expected = self._streaming_dataset._gauge, 0
-        try:
-            for chunk in inner:
-                if chunk.seq != expected:
-                    raise RuntimeError(f"a read of rows {chunk.seq}.. arrived where rows "
-                                       f"{expected}.. were due; refusing to pack out of order")
-                expected += len(chunk)
-                gauge.received += len(chunk)
-                yield chunk
-        finally:
-            shutdown = getattr(inner, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+        return _InOrder(inner, dataset._gauge)
 
     def _survivors(self, p: Pass, inner: Iterator[ChunkResult]) -> Iterator[Any]:
         def received() -> Iterator[ChunkResult]:
