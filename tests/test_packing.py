@@ -293,9 +293,7 @@ def test_the_loader_without_workers_yields_the_packed_batches(corpora):
     kw = packed(L=8, num_splits=2, blocks_per_epoch=20)
     loader = lance_ray.StreamingDataLoader(StreamingDataset(table, reader="local", **kw),
                                            batch_size=4)
-    got = [blocks_of([{"input_ids": i, "doc_ids": d}
-                      for i, d in zip(b["input_ids"], b["doc_ids"])]) for b in loader]
-    assert sum(got, []) == blocks_of(Reference(table, **kw))
+    assert sum((loader_blocks(b) for b in loader), []) == blocks_of(Reference(table, **kw))
 
 
 def loader_blocks(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:

@@ -4,7 +4,7 @@
 
 ``python -m jobs.bench --only packing`` runs each configuration in a fresh process, one
 after the other, so its "x scan" divides rates measured seconds apart, and the scan's rate
-moves most (87M-226M tokens/s across such runs). Here the scan and each packed reader
+moves most (50M-226M tokens/s across such runs). Here the scan and each packed reader
 alternate in one process after a warm-up, and every packed epoch is divided by the scan
 epoch just before it: the median of those ratios is the figure the ">= 0.3x the scan"
 target is judged on.
@@ -19,11 +19,15 @@ import sys
 from pathlib import Path
 
 from .configs import ENV
-from .packing import PACK_DOCS, PACK_TABLE, packing_configurations, packing_runner
+from .packing import (
+    PACK_DOCS,
+    PACK_TABLE,
+    SCAN_TARGET,
+    packing_configurations,
+    packing_runner,
+)
 from .runners import timed_pass
 from .tables import ensure_table
-
-TARGET = 0.3
 
 
 def main(argv: list[str]) -> None:
@@ -74,10 +78,10 @@ def main(argv: list[str]) -> None:
             print(f"[limit] Lance's random-order take, paired: median "
                   f"{statistics.median(got):.3f}x the scan ({min(got):.3f}x-{max(got):.3f}x)")
             continue
-        verdict = "HOLDS" if statistics.median(got) >= TARGET else "FAILS"
-        print(f"[{verdict}] packed tokens/s ({r}) >= {TARGET}x the scan, paired: median "
+        verdict = "HOLDS" if statistics.median(got) >= SCAN_TARGET else "FAILS"
+        print(f"[{verdict}] packed tokens/s ({r}) >= {SCAN_TARGET}x the scan, paired: median "
               f"{statistics.median(got):.3f}x ({min(got):.3f}x-{max(got):.3f}x), "
-              f"{sum(x >= TARGET for x in got)} of {len(got)} pairs at or above")
+              f"{sum(x >= SCAN_TARGET for x in got)} of {len(got)} pairs at or above")
 
 
 if __name__ == "__main__":

@@ -2,12 +2,11 @@
 
 The view reads its splits' remaining documents through the ordinary read path (the local or
 the Ray Data reader, or StreamingDataLoader's workers; every unread row of the rank's splits
-in round-robin order), and a
-:class:`~lance_ray.stream.packed_order.RankPacker` on one background thread turns them into
-the reference's blocks (numpy over Arrow list offsets), handed over in groups of batches
-(``packed_takes``). Each batch carries a snapshot of where every split stands after it,
-which the consumer adopts when it receives that batch, so ``state_dict()`` counts exactly
-the blocks handed over, in the reference's packed format.
+in round-robin order), and a :class:`~lance_ray.stream.packed_order.RankPacker` on one
+background thread turns them into the reference's blocks (numpy over Arrow list offsets),
+handed over in groups of batches (``packed_takes``). Each batch carries a snapshot of where
+every split stands after it, which the consumer adopts when it receives that batch, so
+``state_dict()`` counts exactly the blocks handed over, in the reference's packed format.
 """
 
 from __future__ import annotations
