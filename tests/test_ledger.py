@@ -207,3 +207,22 @@ def test_history_holds_a_bounded_number_of_integers_and_names_what_it_still_has(
     with pytest.raises(ValueError, match=r"step 3 of epoch 0 is not sealed or no longer kept; "
                                          r"sealed steps held: \[16, 19\]"):
         history.get(0, 3)
+
+
+def test_packed_progress_seals_blocks_and_buffer_lengths_per_split():
+    ledger = lg.Ledger(num_splits=4, world_size=2, packed=True)
+    assert ledger.start().buffered == (-1,) * 4  # no split has a buffer yet
+    lg.record_batch(ledger, lg.ReportBatch(0, 2, 0, [1], [[3, 2]], [[3, 2]], [[1, 1]],
+                                           [[5, 0]]))
+    sealed = lg.record_batch(ledger, lg.ReportBatch(1, 2, 0, [1], [[1, 4]], [[1, 4]],
+                                                    [[1, 1]], [[-1, 7]]))
+    assert sealed[0].columns() == ((3, 2, 1, 4), (3, 2, 1, 4), (1, 1, 1, 1), (5, 0, -1, 7))
+    with pytest.raises(ValueError, match="one sample, position, block and buffer list"):
+        lg.record_batch(ledger, lg.ReportBatch(0, 2, 0, [2], [[4, 2]], [[4, 2]]))
+    with pytest.raises(ValueError, match="two different progresses"):
+        lg.record_batch(ledger, lg.ReportBatch(0, 2, 0, [2, 2], [[4, 2]] * 2, [[4, 2]] * 2,
+                                               [[2, 1], [2, 2]], [[0, 0]] * 2))
+    rows = lg.Ledger(num_splits=2, world_size=1)
+    with pytest.raises(ValueError, match="one sample and position list"):
+        lg.record_batch(rows, lg.ReportBatch(0, 1, 0, [1], [[1, 1]], [[1, 1]], [[1, 1]],
+                                             [[0, 0]]))

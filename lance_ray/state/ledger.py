@@ -8,6 +8,10 @@ ranks' reports (each split's progress comes from its owner), i.e. exactly what
 progress is ever handed out as a checkpoint or a starting point, so a checkpoint is always
 one consistent object.
 
+In packed mode (``Ledger.packed``) each split's progress also holds its blocks emitted and
+the length of its pack buffer (-1: none yet); the buffer's tokens are not sent: they are the
+tail of the split's stream, which the coordinator reads back when it builds a state.
+
 Cost: a pending step keeps one merged row of progress that each report writes its own
 splits into, so recording a rank's step is O(its splits) and sealing a step is
 O(num_splits); nothing is ever re-merged. Memory: at most ``PENDING_WINDOW`` pending steps,
@@ -16,8 +20,8 @@ each two lists of ``num_splits`` integers and a set of the ranks that reported i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from ..topology import splits_per_rank
 
@@ -37,14 +41,17 @@ class RankReport:
     step: int
     samples: tuple[int, ...]  # for the rank's owned splits, in split order
     positions: tuple[int, ...]
+    blocks: tuple[int, ...] = ()  # packed mode: blocks emitted, per owned split
+    buffered: tuple[int, ...] = ()  # packed mode: tokens in each buffer, -1: no buffer
 
 
 @dataclass(frozen=True)
 class ReportBatch:
     """One rank's committed progress at several global steps (one coalesced report).
 
-    ``samples[i]`` and ``positions[i]`` are the progress of the rank's owned splits, in
-    split order, after step ``steps[i]``.
+    ``samples[i]`` and ``positions[i]`` (packed mode: also ``blocks[i]`` and
+    ``buffered[i]``) are the progress of the rank's owned splits, in split order, after step
+    ``steps[i]``.
     """
 
     rank: int
@@ -53,11 +60,22 @@ class ReportBatch:
     steps: Sequence[int]
     samples: Sequence[Sequence[int]]
     positions: Sequence[Sequence[int]]
+    blocks: Sequence[Sequence[int]] = ()
+    buffered: Sequence[Sequence[int]] = ()
 
     @classmethod
     def of(cls, report: RankReport) -> ReportBatch:
+        packed = bool(report.blocks)
         return cls(report.rank, report.world_size, report.epoch, (report.step,),
-                   (report.samples,), (report.positions,))
+                   (report.samples,), (report.positions,),
+                   (report.blocks,) if packed else (), (report.buffered,) if packed else ())
+
+    def progress(self) -> Iterator[tuple[int, tuple[Sequence[int], ...]]]:
+        """``(step, its per-split progress lists)`` for each step, in the order sent."""
+        columns = (self.samples, self.positions, *((self.blocks, self.buffered)
+                                                   if self.blocks else ()))
+        for i, step in enumerate(self.steps):
+            yield step, tuple(c[i] for c in columns)
 
 
 @dataclass(frozen=True)
@@ -69,14 +87,21 @@ class Sealed:
     world_size: int
     samples: tuple[int, ...]
     positions: tuple[int, ...]
+    blocks: tuple[int, ...] = ()  # packed mode only
+    buffered: tuple[int, ...] = ()
+
+    def columns(self) -> tuple[tuple[int, ...], ...]:
+        """The per-split progress lists (two, or four in packed mode)."""
+        return (self.samples, self.positions, *((self.blocks, self.buffered)
+                                                if self.blocks else ()))
 
 
 @dataclass
 class StepTally:
-    """A pending step: the merge so far of the reports received for it."""
+    """A pending step: the merge so far of the reports received for it (one list of
+    ``num_splits`` integers per progress column)."""
 
-    samples: list[int]
-    positions: list[int]
+    columns: list[list[int]]
     ranks: set[int] = field(default_factory=set)
 
 
@@ -90,13 +115,24 @@ class Ledger:
     sealed: Sealed | None = None
     pending: dict[int, StepTally] = field(default_factory=dict)
     newest: int = 0  # the newest step with a tally since pending was last cleared
+    packed: bool = False  # progress includes blocks emitted and buffer lengths
+
+    @property
+    def width(self) -> int:
+        """Progress columns per split: samples and positions (packed: blocks, buffered)."""
+        return 4 if self.packed else 2
+
+    def zero(self, epoch: int) -> Sealed:
+        """No progress in ``epoch`` (packed: no split has a buffer)."""
+        zeros = (0,) * self.num_splits
+        extra = (zeros, (-1,) * self.num_splits) if self.packed else ()
+        return Sealed(epoch, 0, self.world_size, zeros, zeros, *extra)
 
     def start(self) -> Sealed:
         """Where views of the current epoch start: the latest sealed step, or zero."""
         if self.sealed is not None and self.sealed.epoch == self.epoch:
             return self.sealed
-        zeros = (0,) * self.num_splits
-        return Sealed(self.epoch, 0, self.world_size, zeros, zeros)
+        return self.zero(self.epoch)
 
     def clear_pending(self) -> None:
         self.pending.clear()
@@ -127,7 +163,7 @@ def record_batch(ledger: Ledger, batch: ReportBatch) -> list[Sealed]:
     floor = ledger.sealed.step if ledger.sealed is not None and \
         ledger.sealed.epoch == ledger.epoch else -1
     newly: list[Sealed] = []
-    for step, samples, positions in zip(batch.steps, batch.samples, batch.positions):
+    for step, progress in batch.progress():
         if step <= floor:
             continue  # already sealed (a retry or a late duplicate)
         tally = ledger.pending.get(step)
@@ -136,14 +172,13 @@ def record_batch(ledger: Ledger, batch: ReportBatch) -> list[Sealed]:
                 continue  # that step was dropped: it can no longer seal
             tally = _open(ledger, step)
         if batch.rank in tally.ranks:
-            if tally.samples[lo:hi] != list(samples) or \
-                    tally.positions[lo:hi] != list(positions):
+            if any(c[lo:hi] != list(p) for c, p in zip(tally.columns, progress)):
                 raise ValueError(
                     f"rank {batch.rank} reported two different progresses for step {step}"
                 )
             continue
-        tally.samples[lo:hi] = samples
-        tally.positions[lo:hi] = positions
+        for column, values in zip(tally.columns, progress):
+            column[lo:hi] = values
         tally.ranks.add(batch.rank)
         if len(tally.ranks) == ledger.world_size:
             newly.append(_seal(ledger, step))
@@ -167,22 +202,28 @@ def _current(ledger: Ledger, batch: ReportBatch) -> bool:
         )
     if not 0 <= batch.rank < ledger.world_size:
         raise ValueError(f"rank {batch.rank} is not in [0, {ledger.world_size})")
-    if not len(batch.steps) == len(batch.samples) == len(batch.positions):
+    columns = [batch.samples, batch.positions, *((batch.blocks, batch.buffered)
+                                                  if ledger.packed else ())]
+    if any(len(c) != len(batch.steps) for c in columns) or \
+            (not ledger.packed and (batch.blocks or batch.buffered)):
+        what = "sample, position, block and buffer" if ledger.packed else "sample and position"
         raise ValueError(
             f"rank {batch.rank} sent {len(batch.steps)} steps with {len(batch.samples)} "
-            f"sample and {len(batch.positions)} position lists; send one of each per step"
+            f"sample, {len(batch.positions)} position, {len(batch.blocks)} block and "
+            f"{len(batch.buffered)} buffer lists; send one {what} list per step"
         )
     per_rank = splits_per_rank(ledger.num_splits, ledger.world_size)
-    for samples, positions in zip(batch.samples, batch.positions):
-        if len(samples) != per_rank or len(positions) != per_rank:
-            raise ValueError(f"rank {batch.rank} reported {len(samples)} splits, "
-                             f"but owns {per_rank}")
+    for column in columns:
+        for values in column:
+            if len(values) != per_rank:
+                raise ValueError(f"rank {batch.rank} reported {len(values)} splits, "
+                                 f"but owns {per_rank}")
     return True
 
 
 def _open(ledger: Ledger, step: int) -> StepTally:
     """A new tally for ``step``, dropping the steps that fell out of the window."""
-    tally = StepTally([0] * ledger.num_splits, [0] * ledger.num_splits)
+    tally = StepTally([[0] * ledger.num_splits for _ in range(ledger.width)])
     ledger.pending[step] = tally
     if step > ledger.newest:
         ledger.newest = step
@@ -193,8 +234,8 @@ def _open(ledger: Ledger, step: int) -> StepTally:
 
 def _seal(ledger: Ledger, step: int) -> Sealed:
     tally = ledger.pending.pop(step)
-    ledger.sealed = Sealed(ledger.epoch, step, ledger.world_size, tuple(tally.samples),
-                           tuple(tally.positions))
+    ledger.sealed = Sealed(ledger.epoch, step, ledger.world_size,
+                           *(tuple(c) for c in tally.columns))
     for older in [s for s in ledger.pending if s < step]:
         del ledger.pending[older]  # a newer step sealed: these are never handed out
     return ledger.sealed
@@ -211,7 +252,8 @@ class History:
 
     def add(self, sealed: Sealed) -> None:
         self.steps[(sealed.epoch, sealed.step)] = sealed
-        keep = max(1, min(self.max_steps, self.max_values // (2 * len(sealed.samples) or 1)))
+        values = sum(len(c) for c in sealed.columns())
+        keep = max(1, min(self.max_steps, self.max_values // (values or 1)))
         while len(self.steps) > keep:
             del self.steps[next(iter(self.steps))]
 
@@ -249,10 +291,7 @@ def restore(ledger: Ledger, sealed: Sealed) -> None:
     Restoring the progress the ledger already starts from is a no-op, so every rank of a
     restarted group may restore the same checkpoint without wiping the others' reports.
     """
-    current = ledger.start()
-    if (current.epoch, current.step, current.samples, current.positions) == (
-        sealed.epoch, sealed.step, sealed.samples, sealed.positions
-    ):
+    if ledger.start() == replace(sealed, world_size=ledger.world_size):
         return
     ledger.epoch = sealed.epoch
     ledger.sealed = sealed

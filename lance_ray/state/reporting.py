@@ -102,8 +102,9 @@ class Reporter:
         self._lock = threading.Lock()
         self._key: tuple[int, int, int] | None = None  # (rank, world_size, epoch) buffered
         self._steps: list[int] = []
-        self._samples: list[Sequence[int]] = []
-        self._positions: list[Sequence[int]] = []
+        # Per-split progress lists of each buffered step: samples, positions (packed mode:
+        # blocks, buffered).
+        self._columns: tuple[list[Sequence[int]], ...] = ()
         self._oldest = 0.0  # when the oldest buffered step was added
         self._interval = policy.interval_s(1)
         self._in_flight: deque[Any] = deque()
@@ -116,19 +117,23 @@ class Reporter:
     def add(self, report: RankReport, *, final: bool = False) -> None:
         """Buffer the rank's progress after its step; ``final``: the epoch ends here."""
         rank, world_size, epoch = report.rank, report.world_size, report.epoch
-        step, samples, positions = report.step, report.samples, report.positions
+        progress = (report.samples, report.positions,
+                    *((report.blocks, report.buffered) if report.blocks else ()))
         with self._lock:
             self._raise_answered()
             key = (rank, world_size, epoch)
             if self._steps and key != self._key:
                 self._send(block=True)  # one batch carries one (rank, world size, epoch)
+            if self._steps and len(progress) != len(self._columns):
+                raise ValueError("a view reported packed and row progress to one reporter")
             if not self._steps:
                 if key != self._key:
                     self._interval = self._policy.interval_s(world_size)
                 self._key, self._oldest = key, self._clock()
-            self._steps.append(step)
-            self._samples.append(samples)
-            self._positions.append(positions)
+                self._columns = tuple([] for _ in progress)
+            self._steps.append(report.step)
+            for column, values in zip(self._columns, progress):
+                column.append(values)
             if len(self._steps) == 1:
                 _TICKER.watch(self)  # after the append: the ticker forgets only empty buffers
             if final or len(self._steps) >= self._policy.every_batches or \
@@ -175,10 +180,9 @@ class Reporter:
             self._channel.result(self._in_flight.popleft())  # waits: back-pressure
         assert self._key is not None
         rank, world_size, epoch = self._key
-        batch = ReportBatch(rank, world_size, epoch, self._steps, self._samples,
-                            self._positions)
+        batch = ReportBatch(rank, world_size, epoch, self._steps, *self._columns)
         self._in_flight.append(self._channel.send(batch))
-        self._steps, self._samples, self._positions = [], [], []
+        self._steps, self._columns = [], ()
 
     def _raise_answered(self) -> None:
         """Raise the error of an answered call, if one failed (caller's thread only)."""
