@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
@@ -21,6 +22,7 @@ from lance_ray.stream.packing import (
     position_ids_of,
     token_count,
 )
+from lance_ray.stream.rebuild import rebuild_buffer
 
 
 def model_blocks(docs, L, eos, pad, budget, consumed=0, emitted=0, tokens=(), starts=()):
@@ -169,3 +171,32 @@ def test_rank_packer_refuses_splits_at_different_blocks():
 
     with pytest.raises(ValueError, match="merge_state_dicts"):
         RankPacker(PackConfig(4, 1, 0, 3), [0, 1], [SplitProgress(2, 1), SplitProgress(1, 0)], 5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(docs=docs_st, L=hs.integers(1, 9), budget=hs.integers(1, 30), data=hs.data())
+def test_every_buffer_is_rebuilt_from_its_length_and_the_documents_consumed(docs, L, budget,
+                                                                           data):
+    start = data.draw(hs.integers(0, len(docs)))
+    carried = data.draw(hs.lists(hs.integers(2, 99), max_size=2 * L))
+    starts = sorted(data.draw(hs.sets(hs.integers(0, max(0, len(carried) - 1)), max_size=3))
+                    ) if carried else []
+    base = SplitProgress(start, 0, np.array(carried, np.int64), np.array(starts, np.int64))
+    reads = []
+
+    def read(lo, hi):
+        reads.append((lo, hi))
+        chunk = docs[lo:hi]
+        return (np.array([t for d in chunk for t in d], np.int64),
+                np.cumsum([0] + [len(d) for d in chunk]).astype(np.int64))
+
+    blocks = model_blocks(docs, L, 1, 0, budget, consumed=start, tokens=carried,
+                          starts=starts)
+    for emitted, (_, _, consumed, tokens, token_starts) in enumerate(blocks, 1):
+        got = rebuild_buffer(base, consumed, emitted, len(tokens), read, eos_id=1)
+        assert (got.consumed, got.emitted, got.tokens.tolist(), got.starts.tolist()) == (
+            consumed, emitted, tokens, token_starts)
+    assert all(start <= lo < hi <= len(docs) for lo, hi in reads)  # only consumed documents
+    assert rebuild_buffer(base, start, 0, -1, read, 1).tokens is None
+    with pytest.raises(ValueError, match="corrupt"):
+        rebuild_buffer(base, start, 0, len(carried) + 1, read, eos_id=1)
