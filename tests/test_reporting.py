@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from lance_ray.state.ledger import RankReport
+from lance_ray.state.ledger import RankReport, ReportBatch
 from lance_ray.state.reporting import TICK_S, Reporter, ReportPolicy
 
 
@@ -180,3 +180,18 @@ def test_every_committed_step_is_sent_exactly_once_in_order(every_batches, every
     reporter.flush(wait=True)
     assert [(b.epoch, s) for b in channel.sent for s in b.steps] == committed
     assert all(len(b.steps) <= every_batches for b in channel.sent)
+
+
+def test_the_actor_channel_never_starts_ray_to_send_a_report(monkeypatch):
+    """An actor call auto-starts Ray; after the driver's ray.shutdown() the reports' thread
+    must fail instead (a stand-in handle records any call)."""
+    from types import SimpleNamespace
+
+    from lance_ray.plan import sources
+
+    calls = []
+    handle = SimpleNamespace(report_batch=SimpleNamespace(remote=calls.append))
+    monkeypatch.setattr(sources, "ray_is_up", lambda: False)
+    with pytest.raises(RuntimeError, match="Ray is not connected"):
+        sources._ActorChannel(handle).send(ReportBatch(0, 1, 0, [1], [[1]], [[1]]))
+    assert not calls

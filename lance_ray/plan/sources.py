@@ -50,6 +50,11 @@ class PlanSource(Protocol):
         """Move to ``epoch``."""
         ...
 
+    def pack_budget(self, epoch: int) -> int | None:
+        """A packed run's ``blocks_per_epoch`` of ``epoch`` when this source decides it
+        (None: the view resolves its own)."""
+        ...
+
 
 PartKey = tuple[PlanSpec, tuple[int, ...]]
 
@@ -88,6 +93,9 @@ class LocalPlans:
         return None
 
     def set_epoch(self, epoch: int) -> None:
+        return None
+
+    def pack_budget(self, epoch: int) -> int | None:
         return None
 
 
@@ -171,6 +179,11 @@ class _ActorChannel:
         self.handle = handle
 
     def send(self, batch: lg.ReportBatch) -> Any:
+        # An actor call auto-starts Ray when it is down: the reports' background thread
+        # must never start a new local Ray after the driver shut its own down.
+        if not ray_is_up():
+            raise RuntimeError("Ray is not connected: progress reports cannot reach the "
+                               "coordinator (was ray.shutdown() called with a view live?)")
         return self.handle.report_batch.remote(batch)
 
     def finished(self, replies: list[Any]) -> list[Any]:
@@ -202,6 +215,13 @@ class CoordinatorPlans:
 
     def describe(self) -> tuple[TableRef, PlanSpec]:
         return _ray().get(self.handle.describe.remote())
+
+    def packing(self) -> Any:
+        """The run's ``PackOptions``, or None when it does not pack sequences."""
+        return _ray().get(self.handle.packing.remote())
+
+    def pack_budget(self, epoch: int) -> int | None:
+        return _ray().get(self.handle.pack_budget.remote(epoch))
 
     def start(self, topology: Topology) -> dict[str, Any]:
         """The state a new view of ``topology`` starts from (the coordinator may resize)."""
