@@ -38,7 +38,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_table import create_table  # noqa: E402
 
-from lance_ray.coordinator.actor import Coordinator  # noqa: E402
+from lance_ray.coordinator.handle import Coordinator  # noqa: E402
 from lance_ray.plan.sources import CoordinatorPlans  # noqa: E402
 from lance_ray.state.ledger import RankReport  # noqa: E402
 from lance_ray.state.reporting import ReportPolicy  # noqa: E402

@@ -55,7 +55,7 @@ from make_table import create_table  # noqa: E402
 from ranks import Rank  # noqa: E402
 
 import lance_ray  # noqa: E402
-from lance_ray.coordinator.actor import Coordinator  # noqa: E402
+from lance_ray.coordinator.handle import Coordinator  # noqa: E402
 from lance_ray.proof.verify import CoverageReport, compare_steps, coverage  # noqa: E402
 
 logger = logging.getLogger("chaos")

@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "StreamingDataset": "view.dataset",
     "StreamingDataLoader": "view.loader",
-    "Coordinator": "coordinator.actor",
+    "Coordinator": "coordinator.handle",
     "ReportPolicy": "state.reporting",
     "PlanSpec": "plan.splits",
     "SplitPlan": "plan.splits",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from . import storage
-from .coordinator.actor import Coordinator
+from .coordinator.handle import Coordinator
 from .plan.sources import DEFAULT_NAMESPACE
 from .state.jsonio import load_state, save_state
 from .state.merge import merge_state_dicts

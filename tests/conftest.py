@@ -3,6 +3,7 @@ S3-compatible server (moto) for tests of object storage."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -32,6 +33,26 @@ import lancedb  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pytest  # noqa: E402
+
+
+@contextlib.contextmanager
+def coordinators(table: Any, storage_path: str, **defaults: Any) -> Iterator[Callable[..., Any]]:
+    """``make(name, **kw)`` creates coordinators of ``table``; all are stopped at the end."""
+    from lance_ray.coordinator.handle import Coordinator
+
+    made = []
+
+    def make(name: str, **kw: Any) -> Coordinator:
+        made.append(Coordinator.create(table, name, storage_path=storage_path,
+                                       **{**defaults, **kw}))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            with contextlib.suppress(Exception):  # already gone: the test killed it
+                c.kill()
 
 
 def wait_sealed(coord: Any, step: int, timeout: float = 20.0) -> dict:

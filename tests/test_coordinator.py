@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import ray
-from conftest import wait_sealed
+from conftest import coordinators, wait_sealed
 
 import lance_ray
-from lance_ray.coordinator.actor import Coordinator
+from lance_ray.coordinator.handle import Coordinator
 from lance_ray.proof.verify import compare_steps, coverage
 from lance_ray.state.ledger import StaleReport
 from lance_ray.state.reporting import ReportPolicy
@@ -51,18 +50,9 @@ def local_views(coord: Coordinator, world_size: int):
 
 @pytest.fixture
 def coord_factory(ray_session, table_1k, tmp_path):
-    made = []
-
-    def make(name: str, world_size: int = 2, **kw) -> Coordinator:
-        c = Coordinator.create(table_1k, name, storage_path=str(tmp_path / "store"),
-                               world_size=world_size, num_splits=NUM_SPLITS, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        with contextlib.suppress(Exception):  # already gone: the test killed it
-            c.kill()
+    with coordinators(table_1k, str(tmp_path / "store"), world_size=2,
+                      num_splits=NUM_SPLITS) as make:
+        yield make
 
 
 def test_views_on_two_nodes_seal_the_same_state_as_merging_their_own(coord_factory, ray_cluster):

@@ -371,9 +371,9 @@ def test_reference_packed_rank_states_merge_as_the_reference_merges_them(corpora
                                                           **kw).state_dict()])
 
 
-def test_coordinator_views_refuse_packing_with_the_way_that_packs():
+def test_coordinator_views_take_the_runs_packing_arguments_from_the_coordinator():
     """Refused before any coordinator is looked up: no Ray is needed to learn it."""
-    with pytest.raises(ValueError, match="does not pack sequences.*merge_state_dicts"):
+    with pytest.raises(ValueError, match="packing belongs to the run.*Coordinator.create"):
         StreamingDataset.from_coordinator("run", rank=0, world_size=1, pack_sequences=8,
                                           eos_id=EOS, pad_id=PAD, blocks_per_epoch=8)
     with pytest.raises(TypeError, match="unexpected keyword arguments: shuffle_sed"):

@@ -3,20 +3,19 @@ server (moto on 127.0.0.1), read and written from the two-node Ray cluster."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
 import pytest
 import ray
-from conftest import write_table
+from conftest import coordinators, write_table
 from lancedb import streaming as reference
 from local_s3 import Forwarder
 from test_coordinator import NUM_SPLITS, local_views, step_views, uninterrupted, wait_sealed
 
 import lance_ray
 from lance_ray import storage
-from lance_ray.coordinator.actor import Coordinator
+from lance_ray.coordinator.handle import Coordinator
 from lance_ray.plan.sources import DEFAULT_NAMESPACE
 from lance_ray.proof.verify import compare_steps, coverage
 
@@ -40,18 +39,8 @@ def test_a_table_on_s3_reads_the_reference_sequence_on_both_readers(ray_session,
 
 @pytest.fixture
 def s3_coords(ray_session, s3_table, s3):
-    made = []
-
-    def make(name: str, **kw) -> Coordinator:
-        c = Coordinator.create(s3_table, name, storage_path=f"{s3}/store", world_size=2,
-                               num_splits=NUM_SPLITS, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        with contextlib.suppress(Exception):
-            c.kill()
+    with coordinators(s3_table, f"{s3}/store", world_size=2, num_splits=NUM_SPLITS) as make:
+        yield make
 
 
 def test_the_ledger_on_s3_survives_a_killed_actor_and_a_new_job_exactly_once(s3_coords,

@@ -17,25 +17,20 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any
 
-import ray
-
 from .. import storage
 from ..plan.background import BackgroundPlans
-from ..plan.remote import is_remote_table
-from ..plan.resolve import resolve_plan
-from ..plan.sources import DEFAULT_NAMESPACE, find_coordinator, next_epoch, plan_for
+from ..plan.sources import next_epoch, plan_for
 from ..plan.splits import PlanSpec, SplitPlan
 from ..plan.table import (
-    StorageOptionsFactory,
     TableRef,
-    release_lease,
-    take_lease,
 )
 from ..state import format as st
 from ..state import ledger as lg
+from ..state.packed import parse_packed_state
 from ..state.reporting import ReportPolicy
-from ..topology import Topology, splits_per_rank
-from ..view.dataset import StreamingDataset
+from ..topology import Topology
+from ..view.pack_args import PackOptions
+from .packing import PackedRun
 from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
@@ -48,16 +43,11 @@ PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 PERSIST_EVERY_S = 0.2
 
 
-def _sealed_to_json(s: lg.Sealed | None) -> dict | None:
-    return None if s is None else {**asdict(s), "samples": list(s.samples),
-                                   "positions": list(s.positions)}
-
-
 def _sealed_from_json(d: dict | None) -> lg.Sealed | None:
     if d is None:
         return None
-    return lg.Sealed(d["epoch"], d["step"], d["world_size"], tuple(d["samples"]),
-                     tuple(d["positions"]))
+    columns = (tuple(d[k]) for k in ("samples", "positions", "blocks", "buffered") if k in d)
+    return lg.Sealed(d["epoch"], d["step"], d["world_size"], *columns)
 
 
 class CoordinatorActor:
@@ -66,12 +56,17 @@ class CoordinatorActor:
     def __init__(self, name: str, table: TableRef, spec: dict[str, Any], rows: int,
                  world_size: int, storage_path: str,
                  storage_retry: storage.RetryPolicy | None = None,
-                 report_policy: dict[str, Any] | None = None):
+                 report_policy: dict[str, Any] | None = None,
+                 packing: dict[str, Any] | None = None):
         self._name = name
         self._report_policy = ReportPolicy(**(report_policy or {}))
         self._table = table
         self._spec = PlanSpec(**spec)
         self._rows = rows
+        self._packing = packing
+        self._packed = None if packing is None else \
+            PackedRun(PackOptions(**packing), self._spec.num_splits)
+        self._built: tuple[lg.Sealed, dict[str, Any]] | None = None  # the last packed state
         # I/O: one JSON object under a path or URI, with the table's storage options.
         self._path = storage.join(storage_path, name, "coordinator.json")
         self._io: dict[str, Any] = {"storage_options": table.storage_options,
@@ -86,13 +81,14 @@ class CoordinatorActor:
         self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                      self._lock)
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
-                                                    self._spec.epoch)
+                                                    self._spec.epoch, packed=bool(packing))
         self._persist(durable=True)
 
     # ----------------------------------------------------------------- durability
 
     def _config(self) -> dict[str, Any]:
-        return {"uri": self._table.uri, "spec": {**self._spec.config(), "epoch": 0}}
+        return {"uri": self._table.uri, "spec": {**self._spec.config(), "epoch": 0},
+                **({"packing": self._packing} if self._packing else {})}
 
     def _recover(self) -> lg.Ledger | None:
         if not storage.exists(self._path, **self._io):
@@ -105,7 +101,9 @@ class CoordinatorActor:
             )
         led = saved["ledger"]
         ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
-                           _sealed_from_json(led["sealed"]))
+                           _sealed_from_json(led["sealed"]), packed=self._packed is not None)
+        if self._packed is not None:
+            self._packed.load_json(saved["packed"])
         if ledger.sealed is not None:
             self._history.add(ledger.sealed)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
@@ -120,7 +118,8 @@ class CoordinatorActor:
             "format_version": PERSIST_FORMAT,
             "config": self._config(),
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
-                       "epoch": led.epoch, "sealed": _sealed_to_json(led.sealed)},
+                       "epoch": led.epoch, "sealed": led.sealed and asdict(led.sealed)},
+            **({"packed": self._packed.to_json()} if self._packed is not None else {}),
         }, fsync=durable, **self._io)
 
     def persist(self) -> None:
@@ -144,7 +143,21 @@ class CoordinatorActor:
     def plan_part(self, epoch: int, first: int, count: int) -> SplitPlan:
         return self._plan(epoch).splits(first, count)
 
+    def packing(self) -> PackOptions | None:
+        """The run's packing arguments (None: rows are not packed)."""
+        return None if self._packed is None else self._packed.options
+
+    def pack_budget(self, epoch: int) -> int:
+        """``blocks_per_epoch`` of ``epoch`` (``"auto"`` is counted once, here)."""
+        assert self._packed is not None
+        return self._packed.budget(self._table, self._plan(epoch))
+
     def _state(self, sealed: lg.Sealed) -> dict[str, Any]:
+        if self._packed is not None:
+            if self._built is None or self._built[0] != sealed:  # every view starts from it
+                self._built = (sealed, self._packed.state(self._table, self._plan(sealed.epoch),
+                                                          sealed))
+            return self._built[1]
         return st.make_state(self._plan(sealed.epoch).identity(), list(sealed.samples),
                              list(sealed.positions), world_size=sealed.world_size, rank=None,
                              global_step=sealed.step)
@@ -204,8 +217,14 @@ class CoordinatorActor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make ``state`` (a merged checkpoint of this plan) the starting point of all views."""
-        progress = st.parse_state(state)
         with self._lock:
+            if self._packed is not None:
+                parse_packed_state(state)  # a valid epoch before its plan is built
+                plan = self._plan(state["epoch"])
+                self._restore(self._packed.restore(state, self._table, plan,
+                                                   self._ledger.world_size))
+                return
+            progress = st.parse_state(state)
             epoch = state["epoch"]
             st.check_compatible(state, self._plan(epoch).identity())
             if not progress.is_complete:
@@ -213,16 +232,18 @@ class CoordinatorActor:
                     "the coordinator needs a merged state covering every split; merge the "
                     "ranks' states with merge_state_dicts() first"
                 )
-            lg.restore(self._ledger, lg.Sealed(epoch, progress.global_step or 0,
-                                               self._ledger.world_size, progress.samples,
-                                               progress.positions))
-            self._rank_progress.clear()  # the views before the restore are gone
-            self._persist(durable=True)
+            self._restore(lg.Sealed(epoch, progress.global_step or 0, self._ledger.world_size,
+                                    tuple(progress.samples), tuple(progress.positions)))
+
+    def _restore(self, sealed: lg.Sealed) -> None:
+        lg.restore(self._ledger, sealed)
+        self._built = None  # a packed state's buffers also depend on the restored base
+        self._rank_progress.clear()  # the views before the restore are gone
+        self._persist(durable=True)
 
     def initial_state(self) -> dict[str, Any]:
         """Zero progress at the epoch the coordinator was created for."""
-        zeros = (0,) * self._spec.num_splits
-        return self._state(lg.Sealed(self._spec.epoch, 0, self._ledger.world_size, zeros, zeros))
+        return self._state(self._ledger.zero(self._spec.epoch))
 
     def resize(self, world_size: int) -> dict[str, Any]:
         with self._lock:
@@ -235,6 +256,8 @@ class CoordinatorActor:
         with self._lock:
             if epoch != self._ledger.epoch:
                 lg.advance_epoch(self._ledger, epoch)
+                if self._packed is not None:
+                    self._packed.reset()
                 self._rank_progress.clear()
                 self._persist(durable=True)
 
@@ -261,126 +284,3 @@ class CoordinatorActor:
                 "table_version": self._table.version,
                 "pid": os.getpid(),
             }
-
-
-_ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1,
-                  "max_concurrency": 4}
-
-
-class Coordinator:
-    """Driver-side handle of a coordinator actor."""
-
-    def __init__(self, handle: Any, name: str, namespace: str):
-        self.handle, self.name, self.namespace = handle, name, namespace
-
-    @classmethod
-    def create(
-        cls,
-        table: Any,
-        name: str,
-        *,
-        storage_path: str,
-        world_size: int,
-        num_splits: int | None = None,
-        shuffle: bool = True,
-        shuffle_seed: int | None = 0,
-        epoch: int = 0,
-        shuffle_clump_size: int | None = None,
-        filter: str | None = None,
-        table_version: int | None = None,
-        storage_options: StorageOptionsFactory | None = None,
-        namespace: str = DEFAULT_NAMESPACE,
-        detached: bool = False,
-        lease_version: bool = True,
-        plan: str = "lancedb",
-        storage_retry: storage.RetryPolicy | None = None,
-        report_policy: ReportPolicy | None = None,
-    ) -> Coordinator:
-        """Create the coordinator ``name`` (or attach to the live one of that name).
-
-        Call this from the job driver (or pass ``detached=True`` so it outlives the job),
-        never from a train worker: a non-detached actor dies with its creator.
-        ``storage_path`` (a shared path or an ``s3://``/``gs://``/``az://`` URI) must be
-        reachable from every node; sealed progress is kept there (``storage_retry``: how long
-        writes retry while the store is down before failing).
-        Keep the returned handle alive while the run needs the actor: a non-detached actor
-        is stopped when its last handle goes away. With ``lease_version`` the pinned table
-        version is tagged so that version cleanup cannot remove it while the run needs it;
-        :meth:`release_version` drops the tag when the run is over. ``plan`` is the plan
-        mode, as in ``StreamingDataset`` (``"index"`` past lancedb's builder limit).
-        ``report_policy`` says how often views send their progress (default: every 100
-        batches or 0.5 s, 2 s at 1,024 ranks, and at every checkpoint and epoch end); the
-        status lags each rank by about that much.
-        """
-        if is_remote_table(table):
-            raise ValueError(
-                "the coordinator needs a Lance dataset (a local or object-store table), not a "
-                "remote LanceDB table: read it with StreamingDataset(table, "
-                "connection_factory=...) on every rank instead"
-            )
-        if not detached and ray.get_runtime_context().get_actor_id() is not None:
-            raise RuntimeError(
-                "create the coordinator in the job driver (or with detached=True), not inside "
-                "an actor or train worker: it would die with that worker"
-            )
-        num_splits = world_size if num_splits is None else num_splits
-        splits_per_rank(num_splits, world_size)
-        storage.resolve(storage_path, storage_options)  # an unknown scheme fails here
-        resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
-                                shuffle_seed=shuffle_seed, epoch=epoch,
-                                shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
-                                table_version=table_version, storage_options=storage_options)
-        ref, spec, rows = resolved.table, resolved.spec, resolved.rows
-        if lease_version:
-            take_lease(ref, name)
-        options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
-                   "get_if_exists": True, "lifetime": "detached" if detached else None}
-        handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
-            name, ref, asdict(spec), rows, world_size, storage.absolute(storage_path),
-            storage_retry, asdict(report_policy or ReportPolicy()))
-        ray.get(handle.describe.remote())  # surface construction errors here
-        return cls(handle, name, namespace)
-
-    @classmethod
-    def get(cls, name: str, namespace: str = DEFAULT_NAMESPACE) -> Coordinator:
-        """Find the live coordinator ``name`` in ``namespace``."""
-        return cls(find_coordinator(name, namespace), name, namespace)
-
-    def view(self, rank: int, world_size: int, **kwargs: Any) -> Any:
-        """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator."""
-        return StreamingDataset.from_coordinator(self.name, rank=rank, world_size=world_size,
-                                                 namespace=self.namespace, **kwargs)
-
-    def state_dict(self, step: int | None = None) -> dict[str, Any]:
-        return ray.get(self.handle.state_dict.remote(step))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        ray.get(self.handle.load_state_dict.remote(state))
-
-    def initial_state(self) -> dict[str, Any]:
-        """The state of a run that starts from scratch (zero progress, creation epoch)."""
-        return ray.get(self.handle.initial_state.remote())
-
-    def resize(self, world_size: int) -> dict[str, Any]:
-        """Redistribute the splits over ``world_size`` ranks from the latest sealed step."""
-        return ray.get(self.handle.resize.remote(world_size))
-
-    def set_epoch(self, epoch: int) -> None:
-        ray.get(self.handle.set_epoch.remote(epoch))
-
-    def status(self) -> dict[str, Any]:
-        return ray.get(self.handle.status.remote())
-
-    def release_version(self) -> None:
-        """Drop the tag that pins the run's table version (when the run is over)."""
-        table, _ = ray.get(self.handle.describe.remote())
-        release_lease(table, self.name)
-
-    def kill(self) -> None:
-        """Stop the actor for good, first writing its sealed progress (which stays)."""
-        try:
-            ray.get(self.handle.persist.remote(), timeout=10)
-        except Exception:  # already dead or unreachable: what it wrote before stays
-            logger.warning("coordinator %s did not write its progress before being stopped",
-                           self.name, exc_info=True)
-        ray.kill(self.handle, no_restart=True)

@@ -40,7 +40,8 @@ from .compat import (
 )
 from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
-from .packed import PackedView, pack_options, refuse_unsupported
+from .pack_args import attached_packing, pack_options, refuse_unsupported
+from .packed import PackedView
 from .properties import ViewProperties
 from .readers import choose_reader, read_sizing
 from .reading import Reading
@@ -195,6 +196,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         prefetch_batches: int = DEFAULT_PREFETCH_BATCHES,
         reader: str = "auto",
         ray_remote_args: dict[str, Any] | None = None,
+        pack_position_ids: bool = False,
+        pack_cu_seqlens: bool = False,
         **unsupported: Any,
     ) -> StreamingDataset:
         """A view for ``(rank, world_size)`` attached to the coordinator actor ``name``.
@@ -202,14 +205,21 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         The view receives only its own splits of the plan, starts from the coordinator's
         latest sealed step (so a restarted trainer picks up on its own; a new world size
         resizes the run), and reports its committed progress, coalesced under the coordinator's
-        ``report_policy`` and always before a ``state_dict()``. Sequence packing is not
-        available here (the coordinator tracks rows, not packed buffers).
+        ``report_policy`` and always before a ``state_dict()``. A coordinator created with
+        ``pack_sequences`` makes this a packed view of the run's blocks (its state is the
+        packed format; ``pack_position_ids``/``pack_cu_seqlens`` add those outputs).
         """
         refuse_unsupported(unsupported)
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
+        self._packing = attached_packing(plans.packing(), columns, pack_position_ids,
+                                         pack_cu_seqlens)
+        if self._packing is not None:
+            if transform is not None:
+                raise ValueError("transform cannot be combined with pack_sequences")
+            columns = [self._packing.column]
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_batches, reader, ray_remote_args)
         topology = Topology(rank, world_size)

@@ -15,17 +15,16 @@ import itertools
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from ..read.ahead import ahead
 from ..read.documents import DocumentReads
 from ..read.tokens import auto_budget, split_token_totals
 from ..state import format as st
+from ..state.ledger import RankReport
 from ..state.packed import (
     PackConfig,
     SplitProgress,
@@ -37,8 +36,10 @@ from ..state.packed import (
 from ..stream.order import RankStream
 from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker, emitted_of, progress_of
 from ..stream.packing import cu_seqlens_of, position_ids_of
+from ..stream.rebuild import buffer_length
 from .compat import worker_share
 from .iteration import timed
+from .pack_args import PackOptions
 from .packed_takes import Snapshot, Take, group_size, take_group
 
 if TYPE_CHECKING:
@@ -54,95 +55,6 @@ logger = logging.getLogger("lance_ray.dataset")
 # Where a packed pass's reads come from when not from the view's own reader: the documents
 # of ``rows`` read in order, arranged by ``DocumentReads`` (StreamingDataLoader's workers).
 PackedReads = Callable[[RankStream, DocumentReads], Iterator["ChunkResult"]]
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """Validated packing arguments (``blocks_per_epoch`` may still be ``"auto"``)."""
-
-    block_len: int
-    eos_id: int
-    pad_id: int
-    blocks_per_epoch: int | str
-    column: str
-    position_ids: bool = False
-    cu_seqlens: bool = False
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def pack_options(table: TableRef, columns: list[str] | None, transform: object,
-                 num_splits: int, pack_sequences: int | None, eos_id: int | None,
-                 pad_id: int | None, blocks_per_epoch: int | str | None,
-                 position_ids: bool = False, cu_seqlens: bool = False) -> PackOptions | None:
-    """The reference's packing validation, plus clear errors where it is silent."""
-    if pack_sequences is None:
-        if blocks_per_epoch is not None:
-            raise ValueError("blocks_per_epoch requires pack_sequences")
-        if position_ids or cu_seqlens:
-            raise ValueError("pack_position_ids and pack_cu_seqlens require pack_sequences")
-        return None
-    if not _is_int(pack_sequences) or pack_sequences <= 0:
-        raise ValueError(f"pack_sequences must be greater than 0 (an integer block length), "
-                         f"got {pack_sequences!r}")
-    for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
-        if value is None:
-            raise ValueError(f"{name} is required when pack_sequences is set")
-        if not _is_int(value):
-            raise ValueError(f"{name} must be an integer token id, got {value!r}")
-    if eos_id == pad_id:
-        raise ValueError(f"eos_id and pad_id are both {eos_id}: padding is masked by "
-                         "input_ids == pad_id, so pad_id must be a token reserved for padding")
-    if blocks_per_epoch is None:
-        raise ValueError("blocks_per_epoch is required when pack_sequences is set (an "
-                         "integer, or 'auto' to count the epoch's tokens)")
-    if blocks_per_epoch != "auto":
-        if not _is_int(blocks_per_epoch):
-            raise ValueError("blocks_per_epoch must be a positive integer or 'auto'")
-        assert isinstance(blocks_per_epoch, int)
-        if blocks_per_epoch <= 0:
-            raise ValueError("blocks_per_epoch must be greater than 0")
-        if blocks_per_epoch % num_splits:
-            near = blocks_per_epoch - blocks_per_epoch % num_splits or num_splits
-            raise ValueError(f"blocks_per_epoch ({blocks_per_epoch}) must be divisible by "
-                             f"num_splits ({num_splits}); every split emits the same number "
-                             f"of blocks (e.g. blocks_per_epoch={near})")
-    if transform is not None:
-        raise ValueError("transform cannot be combined with pack_sequences")
-    if columns is None or len(columns) != 1:
-        raise ValueError("pack_sequences requires columns to name exactly one list-typed "
-                         f"column of token ids, got columns={columns!r}")
-    kind = table.open_lance().schema.field(columns[0]).type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-            or pa.types.is_fixed_size_list(kind)):
-        raise ValueError(f"pack_sequences requires a list-typed token column; {columns[0]} "
-                         f"has type {kind}")
-    if not pa.types.is_integer(kind.value_type):
-        raise ValueError("pack_sequences requires a token column with integer values; "
-                         f"{columns[0]} has value type {kind.value_type}")
-    return PackOptions(pack_sequences, eos_id, pad_id, blocks_per_epoch,  # type: ignore[arg-type]
-                       columns[0], bool(position_ids), bool(cu_seqlens))
-
-
-PACKING_ARGUMENTS = ("pack_sequences", "eos_id", "pad_id", "blocks_per_epoch",
-                     "pack_position_ids", "pack_cu_seqlens")
-
-
-def refuse_unsupported(arguments: dict[str, Any]) -> None:
-    """``from_coordinator``'s refusal of arguments it does not take, naming the way that
-    packs sequences."""
-    packing = [a for a in arguments if a in PACKING_ARGUMENTS]
-    if packing:
-        raise ValueError(
-            f"from_coordinator does not pack sequences ({', '.join(packing)}): the "
-            "coordinator tracks rows, not packed buffers. Build each rank's view with "
-            "StreamingDataset(table, rank=..., world_size=..., pack_sequences=...) and "
-            "checkpoint with merge_state_dicts (README: Sequence packing)")
-    if arguments:
-        raise TypeError(f"from_coordinator() got unexpected keyword arguments: "
-                        f"{', '.join(sorted(arguments))}")
 
 
 def as_tensors(blocks: Blocks, options: PackOptions) -> dict[str, Any]:
@@ -196,6 +108,8 @@ class PackedView:
         s = self._spec.num_splits
         self._pack_totals: np.ndarray | None = None  # exact tokens of the owned splits
         budget = o.blocks_per_epoch
+        if budget == "auto" and (decided := self._plans.pack_budget(self._spec.epoch)):
+            budget = decided  # the coordinator counted the epoch's tokens once for all views
         if budget == "auto":
             plan = self._plans.part(self._spec, range(s))
             totals = split_token_totals(self._table, plan, range(s), o.column,
@@ -345,6 +259,8 @@ class PackedView:
                     self._check_generation(generation)
                     self._pack_live = (splits, snapshot)
                     self._cursor.commit(0, batches)
+                    if batches and self._plans.wants_reports:
+                        self._report_packed()
                     self._gauge.taken = self._gauge.received
                     self._gauge.delivered += len(blocks)
                     self._meter.record(len(blocks), cost, 0, wait_s, batches=batches,
@@ -363,6 +279,21 @@ class PackedView:
                     close()
             if generation == self._cursor.generation:
                 self._gauge.stop()
+
+    def _report_packed(self) -> None:
+        """Send the coordinator this rank's packed progress after the step just committed."""
+        if self._pack_live is not None and len(self._pack_live[0]) != len(self._owned):
+            raise RuntimeError("a coordinator's packed view reports its whole rank's splits; "
+                               "read it with iter_batches or StreamingDataLoader, not with "
+                               "the workers of a plain DataLoader")
+        progress = self._pack_progress()
+        mine = [progress[s] for s in self._owned]
+        consumed = tuple(p.consumed for p in mine)
+        self._plans.report(RankReport(self._rank, self._world_size, self._spec.epoch,
+                                      self._cursor.batches, consumed, consumed,
+                                      tuple(p.emitted for p in mine),
+                                      tuple(buffer_length(p) for p in mine)),
+                           final=not self._packed_remaining())
 
     def _report_left_out(self, packer: RankPacker) -> None:
         """Count (in ``stats.tokens_left_out``) and log, once per epoch, the tokens of this

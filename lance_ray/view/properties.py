@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from ..plan.table import TableRef
     from ..state import format as st
     from ..stream.cursor import Cursor
-    from .packed import PackOptions
+    from .pack_args import PackOptions
 
 
 class ViewProperties:

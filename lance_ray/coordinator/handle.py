@@ -1,0 +1,160 @@
+"""The driver-side handle of a coordinator: create or find the actor, and call it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import ray
+
+from .. import storage
+from ..plan.remote import is_remote_table
+from ..plan.resolve import resolve_plan
+from ..plan.sources import DEFAULT_NAMESPACE, find_coordinator
+from ..plan.table import StorageOptionsFactory, release_lease, take_lease
+from ..state.reporting import ReportPolicy
+from ..topology import splits_per_rank
+from ..view.dataset import StreamingDataset
+from ..view.pack_args import pack_options
+from .actor import CoordinatorActor
+
+logger = logging.getLogger(__name__)
+
+_ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1,
+                  "max_concurrency": 4}
+
+
+class Coordinator:
+    """Driver-side handle of a coordinator actor."""
+
+    def __init__(self, handle: Any, name: str, namespace: str):
+        self.handle, self.name, self.namespace = handle, name, namespace
+
+    @classmethod
+    def create(
+        cls,
+        table: Any,
+        name: str,
+        *,
+        storage_path: str,
+        world_size: int,
+        num_splits: int | None = None,
+        shuffle: bool = True,
+        shuffle_seed: int | None = 0,
+        epoch: int = 0,
+        shuffle_clump_size: int | None = None,
+        filter: str | None = None,
+        table_version: int | None = None,
+        storage_options: StorageOptionsFactory | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        detached: bool = False,
+        lease_version: bool = True,
+        plan: str = "lancedb",
+        storage_retry: storage.RetryPolicy | None = None,
+        report_policy: ReportPolicy | None = None,
+        columns: list[str] | None = None,
+        pack_sequences: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        blocks_per_epoch: int | str | None = None,
+    ) -> Coordinator:
+        """Create the coordinator ``name`` (or attach to the live one of that name).
+
+        Call this from the job driver (or pass ``detached=True`` so it outlives the job),
+        never from a train worker: a non-detached actor dies with its creator.
+        ``storage_path`` (a shared path or an ``s3://``/``gs://``/``az://`` URI) must be
+        reachable from every node; sealed progress is kept there (``storage_retry``: how long
+        writes retry while the store is down before failing).
+        Keep the returned handle alive while the run needs the actor: a non-detached actor
+        is stopped when its last handle goes away. With ``lease_version`` the pinned table
+        version is tagged so that version cleanup cannot remove it while the run needs it;
+        :meth:`release_version` drops the tag when the run is over. ``plan`` is the plan
+        mode, as in ``StreamingDataset`` (``"index"`` past lancedb's builder limit).
+        ``report_policy`` says how often views send their progress (default: every 100
+        batches or 0.5 s, 2 s at 1,024 ranks, and at every checkpoint and epoch end); the
+        status lags each rank by about that much.
+
+        ``pack_sequences``, ``eos_id``, ``pad_id``, ``blocks_per_epoch`` and ``columns`` (the
+        one token column) make it a packed run, with ``StreamingDataset``'s semantics and
+        validation: every attached view packs those blocks, and the coordinator's states are
+        the reference's packed format. They belong to the run, so views take them from here.
+        """
+        if is_remote_table(table):
+            raise ValueError(
+                "the coordinator needs a Lance dataset (a local or object-store table), not a "
+                "remote LanceDB table: read it with StreamingDataset(table, "
+                "connection_factory=...) on every rank instead"
+            )
+        if not detached and ray.get_runtime_context().get_actor_id() is not None:
+            raise RuntimeError(
+                "create the coordinator in the job driver (or with detached=True), not inside "
+                "an actor or train worker: it would die with that worker"
+            )
+        num_splits = world_size if num_splits is None else num_splits
+        splits_per_rank(num_splits, world_size)
+        storage.resolve(storage_path, storage_options)  # an unknown scheme fails here
+        resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
+                                shuffle_seed=shuffle_seed, epoch=epoch,
+                                shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
+                                table_version=table_version, storage_options=storage_options)
+        ref, spec, rows = resolved.table, resolved.spec, resolved.rows
+        packing = pack_options(ref, columns, None, num_splits, pack_sequences, eos_id, pad_id,
+                               blocks_per_epoch)
+        if packing is None and columns is not None:
+            raise ValueError("Coordinator.create takes columns only with pack_sequences (the "
+                             "token column); pass columns to each view instead")
+        if lease_version:
+            take_lease(ref, name)
+        options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
+                   "get_if_exists": True, "lifetime": "detached" if detached else None}
+        handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
+            name, ref, asdict(spec), rows, world_size, storage.absolute(storage_path),
+            storage_retry, asdict(report_policy or ReportPolicy()),
+            None if packing is None else asdict(packing))
+        ray.get(handle.describe.remote())  # surface construction errors here
+        return cls(handle, name, namespace)
+
+    @classmethod
+    def get(cls, name: str, namespace: str = DEFAULT_NAMESPACE) -> Coordinator:
+        """Find the live coordinator ``name`` in ``namespace``."""
+        return cls(find_coordinator(name, namespace), name, namespace)
+
+    def view(self, rank: int, world_size: int, **kwargs: Any) -> Any:
+        """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator."""
+        return StreamingDataset.from_coordinator(self.name, rank=rank, world_size=world_size,
+                                                 namespace=self.namespace, **kwargs)
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        return ray.get(self.handle.state_dict.remote(step))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ray.get(self.handle.load_state_dict.remote(state))
+
+    def initial_state(self) -> dict[str, Any]:
+        """The state of a run that starts from scratch (zero progress, creation epoch)."""
+        return ray.get(self.handle.initial_state.remote())
+
+    def resize(self, world_size: int) -> dict[str, Any]:
+        """Redistribute the splits over ``world_size`` ranks from the latest sealed step."""
+        return ray.get(self.handle.resize.remote(world_size))
+
+    def set_epoch(self, epoch: int) -> None:
+        ray.get(self.handle.set_epoch.remote(epoch))
+
+    def status(self) -> dict[str, Any]:
+        return ray.get(self.handle.status.remote())
+
+    def release_version(self) -> None:
+        """Drop the tag that pins the run's table version (when the run is over)."""
+        table, _ = ray.get(self.handle.describe.remote())
+        release_lease(table, self.name)
+
+    def kill(self) -> None:
+        """Stop the actor for good, first writing its sealed progress (which stays)."""
+        try:
+            ray.get(self.handle.persist.remote(), timeout=10)
+        except Exception:  # already dead or unreachable: what it wrote before stays
+            logger.warning("coordinator %s did not write its progress before being stopped",
+                           self.name, exc_info=True)
+        ray.kill(self.handle, no_restart=True)
