@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-READERS = ("lance_ray", "lance_ray-ray", "reference")
+READERS = ("lance_ray", "lance_ray-ray", "coordinator", "reference")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class PackedView:
     ``lance_ray.train.report`` needs (``rank``, ``global_step``, ``state_dict()``)."""
 
     def __init__(self, spec: PackSpec, reader: str, rank: int, world_size: int,
-                 state: dict | None = None):
+                 state: dict | None = None, coordinator: str | None = None):
         if reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
         if spec.global_batch % (spec.num_splits) or spec.num_splits % world_size:
@@ -93,7 +93,13 @@ class PackedView:
         self.spec, self.reader, self.rank, self.world_size = spec, reader, rank, world_size
         table = open_table(spec)
         kwargs = {**spec.dataset_kwargs(), "rank": rank, "world_size": world_size}
-        if reader == "reference":
+        if reader == "coordinator":  # the run's packing lives in the coordinator actor
+            from lance_ray.coordinator.handle import Coordinator
+
+            coord = Coordinator.get(coordinator or "")
+            coord.load_state_dict(state or coord.initial_state())  # the same on every rank
+            self.ds = coord.view(rank, world_size, reader="local")
+        elif reader == "reference":
             from lancedb.streaming import StreamingDataset as Reference
 
             self.ds: Any = Reference(table, **kwargs)

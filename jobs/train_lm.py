@@ -74,7 +74,8 @@ def train_loop(config: dict[str, Any]) -> None:
     spec = PackSpec(**config["pack"])
     started = time.monotonic()
     state, saved = restore(config["reader"])
-    view = PackedView(spec, config["reader"], rank, world_size, state)
+    view = PackedView(spec, config["reader"], rank, world_size, state,
+                      coordinator=config.get("coordinator"))
     view_s = time.monotonic() - started
     model = TinyLM(config["vocab"], spec.block_len)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -142,6 +143,20 @@ def run_spec(args: argparse.Namespace, db_uri: str, run_dir: str) -> dict[str, A
     return run
 
 
+def packed_coordinator(name: str, run: dict[str, Any], run_dir: str, workers: int) -> Any:
+    """The run's coordinator (recovered from its ledger when a later job resumes the run):
+    it holds the packing arguments and the merged packed progress of every rank."""
+    from lance_ray.coordinator.handle import Coordinator
+
+    spec = PackSpec(**run["pack"])
+    return Coordinator.create(
+        lm_data.open_table(spec), name, storage_path=storage.join(run_dir, "coordinator"),
+        world_size=workers, num_splits=spec.num_splits, shuffle_seed=spec.shuffle_seed,
+        table_version=spec.table_version, columns=[spec.column],
+        pack_sequences=spec.block_len, eos_id=spec.eos_id, pad_id=spec.pad_id,
+        blocks_per_epoch=spec.blocks_per_epoch)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", default="runs/lm/db")
@@ -150,7 +165,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-path", default="runs/lm/storage")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--reader", choices=lm_data.READERS, default="lance_ray",
-                   help="whose pack_sequences reads the blocks (lance_ray: local reader)")
+                   help="whose pack_sequences reads the blocks (lance_ray: local reader; "
+                        "coordinator: lance_ray views attached to a coordinator actor)")
     p.add_argument("--num-splits", type=int, default=4)
     p.add_argument("--block-len", type=int, default=128, help="pack_sequences (L)")
     p.add_argument("--blocks-per-epoch", type=int, default=0,
@@ -182,18 +198,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if module.__name__ != "__main__":
             ray.cloudpickle.register_pickle_by_value(module)
     run = run_spec(args, db_uri, run_dir)
+    coord = packed_coordinator(args.name, run, run_dir, args.workers) \
+        if run["reader"] == "coordinator" else None
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"pack": run["pack"], "reader": run["reader"], "vocab": run["vocab"],
                            "seed": args.seed, "checkpoint_every": args.checkpoint_every,
                            "stop_at_step": args.stop_at_step,
                            "crash_at_step": args.crash_at_step,
-                           "log_dir": storage.join(run_dir, "samples")},
+                           "log_dir": storage.join(run_dir, "samples"),
+                           "coordinator": coord and coord.name},
         scaling_config=ray.train.ScalingConfig(num_workers=args.workers,
             resources_per_worker=train_job.worker_resources(args.workers)),
         run_config=train_job.run_config(args.name, storage_uri, args.max_failures),
     )
-    metrics = dict(trainer.fit().metrics or {})
+    try:
+        metrics = dict(trainer.fit().metrics or {})
+    finally:
+        if coord is not None:
+            coord.kill()  # its ledger stays in the run's directory for the next job
     print(f"run {args.name!r} ({run['reader']}) on {args.workers} workers finished at global "
           f"step {metrics.get('global_step')}, loss {metrics.get('loss', float('nan')):.3f}")
     return metrics

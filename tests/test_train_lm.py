@@ -4,6 +4,7 @@ epoch exactly once, in the global steps of one uninterrupted rank of the referen
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -34,15 +35,18 @@ def lm_args(tmp_path, request):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("reader", ["lance_ray", "coordinator"])
 def test_packed_lm_run_that_crashes_and_resumes_on_another_world_size_trains_every_block_once(
-        ray_session, lm_args):
+        ray_session, lm_args, reader):
     """lance_ray's packing under TorchTrainer: a worker dies at step 4 and the job fails (no
     retries: one worker-group start less on this small machine); a new job resumes the run
     on 1 worker from the step-3 checkpoint and finishes the epoch. The proof compares with
-    one uninterrupted rank of the reference. (``--reader reference`` runs the same job on
-    ``lancedb.streaming``'s packing: ``make demo-lm`` style runs, not repeated here.)"""
+    one uninterrupted rank of the reference. ``coordinator``: the views are attached to the
+    run's coordinator actor, which the second job recovers from its ledger and resizes.
+    (``--reader reference`` runs the same job on ``lancedb.streaming``'s packing: ``make
+    demo-lm`` style runs, not repeated here.)"""
     args, run_dir = lm_args
-    args += ["--reader", "lance_ray"]
+    args += ["--reader", reader]
     with pytest.raises(ray.train.TrainingFailedError):
         train_lm.main(args + ["--workers", "2", "--crash-at-step", "4", "--max-failures", "0"])
     last = train_lm.main(args + ["--workers", "1"])
@@ -50,6 +54,10 @@ def test_packed_lm_run_that_crashes_and_resumes_on_another_world_size_trains_eve
     assert [a.resumed_from_step for a, _ in read_attempts(run_dir / "samples")] == [0, 3]
     assert report.exactly_once and report.after == report.planned, report
     assert report.steps_identical and report.steps_compared == last["global_step"], report
+    if reader == "coordinator":  # its ledger sealed the last step of the resized run
+        saved = json.loads((run_dir / "coordinator" / run_dir.name / "coordinator.json")
+                           .read_text())["ledger"]
+        assert (saved["world_size"], saved["sealed"]["step"]) == (1, last["global_step"])
 
 
 def test_blocks_are_identified_by_their_content():
