@@ -10,6 +10,7 @@ coordinator's checkpoint loads in ``lancedb.streaming`` and in views of any worl
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class PackedRun:
     num_splits: int
     base: list[SplitProgress] = field(default_factory=list)  # the epoch's starting buffers
     budgets: dict[int, int] = field(default_factory=dict)  # epoch -> blocks_per_epoch
+    # Views ask for an epoch's budget at once (the actor answers several calls at a time):
+    # one of them counts, the others wait for its number.
+    counting: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         if not self.base:
@@ -56,17 +60,22 @@ class PackedRun:
 
     def budget(self, table: TableRef, plan: SplitPlan) -> int:
         """``blocks_per_epoch`` of ``plan``'s epoch (``"auto"``: an exact count, once)."""
+        epoch = plan.spec.epoch
+        if isinstance(self.options.blocks_per_epoch, int):
+            return self.options.blocks_per_epoch
+        with self.counting:
+            if epoch not in self.budgets:
+                self._count(table, plan)
+            return self.budgets[epoch]
+
+    def _count(self, table: TableRef, plan: SplitPlan) -> None:
         o, epoch = self.options, plan.spec.epoch
-        if isinstance(o.blocks_per_epoch, int):
-            return o.blocks_per_epoch
-        if epoch not in self.budgets:
-            totals = split_token_totals(table, plan, range(self.num_splits), o.column,
-                                        plan.spec.filter, remote=True)
-            self.budgets = {e: b for e, b in self.budgets.items() if e >= epoch - 1}
-            self.budgets[epoch] = auto_budget(int(totals.sum()), o.block_len, self.num_splits)
-            logger.info("blocks_per_epoch='auto': %d blocks for epoch %d, from an exact count "
-                        "of %d tokens", self.budgets[epoch], epoch, int(totals.sum()))
-        return self.budgets[epoch]
+        totals = split_token_totals(table, plan, range(self.num_splits), o.column,
+                                    plan.spec.filter, remote=True)
+        self.budgets = {e: b for e, b in self.budgets.items() if e >= epoch - 1}
+        self.budgets[epoch] = auto_budget(int(totals.sum()), o.block_len, self.num_splits)
+        logger.info("blocks_per_epoch='auto': %d blocks for epoch %d, from an exact count "
+                    "of %d tokens", self.budgets[epoch], epoch, int(totals.sum()))
 
     def _config(self, budget: int) -> PackConfig:
         o = self.options

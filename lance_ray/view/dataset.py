@@ -214,11 +214,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
-        self._packing = attached_packing(plans.packing(), columns, pack_position_ids,
-                                         pack_cu_seqlens)
+        self._packing = attached_packing(plans.packing(), columns, transform,
+                                         pack_position_ids, pack_cu_seqlens)
         if self._packing is not None:
-            if transform is not None:
-                raise ValueError("transform cannot be combined with pack_sequences")
             columns = [self._packing.column]
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_batches, reader, ray_remote_args)

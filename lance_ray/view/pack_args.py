@@ -29,6 +29,9 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+TRANSFORM_REFUSED = "transform cannot be combined with pack_sequences"
+
+
 def pack_options(table: TableRef, columns: list[str] | None, transform: object,
                  num_splits: int, pack_sequences: int | None, eos_id: int | None,
                  pad_id: int | None, blocks_per_epoch: int | str | None,
@@ -66,7 +69,7 @@ def pack_options(table: TableRef, columns: list[str] | None, transform: object,
                              f"num_splits ({num_splits}); every split emits the same number "
                              f"of blocks (e.g. blocks_per_epoch={near})")
     if transform is not None:
-        raise ValueError("transform cannot be combined with pack_sequences")
+        raise ValueError(TRANSFORM_REFUSED)
     if columns is None or len(columns) != 1:
         raise ValueError("pack_sequences requires columns to name exactly one list-typed "
                          f"column of token ids, got columns={columns!r}")
@@ -99,9 +102,11 @@ def refuse_unsupported(arguments: dict[str, Any]) -> None:
                         f"{', '.join(sorted(arguments))}")
 
 
-def attached_packing(run: PackOptions | None, columns: list[str] | None, position_ids: bool,
-                     cu_seqlens: bool) -> PackOptions | None:
+def attached_packing(run: PackOptions | None, columns: list[str] | None, transform: object,
+                     position_ids: bool, cu_seqlens: bool) -> PackOptions | None:
     """A coordinator view's packing: the run's arguments plus the view's output options."""
+    if run is not None and transform is not None:
+        raise ValueError(TRANSFORM_REFUSED)
     if run is None:
         if position_ids or cu_seqlens:
             raise ValueError("pack_position_ids and pack_cu_seqlens require a packed run: "
