@@ -129,3 +129,17 @@ def test_packing_is_validated_when_the_run_is_created_and_views_keep_their_outpu
     batch = next(coord.view(0, 1, reader="local", pack_position_ids=True,
                             pack_cu_seqlens=True).iter_batches(2))
     assert {"input_ids", "doc_ids", "position_ids", "cu_seqlens"} <= set(batch)
+
+
+def test_the_next_epoch_starts_every_split_afresh_in_the_coordinator(packed_coord, token_table):
+    table = token_table[0]
+    coord = packed_coord("packed_epochs", 1)
+    attached = coord.view(0, 1, reader="local")
+    own = own_views(table, 1, blocks_per_epoch=PER_SPLIT * NUM_SPLITS)[0]
+    for view in (attached, own):
+        rank_blocks(view, NUM_SPLITS)  # the whole of epoch 0
+        view.set_epoch(1)
+    assert rank_blocks(attached, NUM_SPLITS, 2) == rank_blocks(own, NUM_SPLITS, 2)
+    wait_sealed(coord, 2)
+    state = coord.state_dict()
+    assert state["epoch"] == 1 and reference_keys(state) == reference_keys(own.state_dict())
