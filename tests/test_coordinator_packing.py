@@ -87,7 +87,7 @@ def test_a_packed_run_resumes_from_the_coordinator_on_every_world_size_exactly_o
 
 
 def test_a_restored_mid_epoch_state_is_where_later_buffers_reach_back_to(packed_coord,
-                                                                        token_table):
+                                                                        token_table, tmp_path):
     """A checkpoint of the views' own, loaded into the coordinator, starts every split's
     stream with its buffer; later sealed states read only documents consumed since."""
     table = token_table[0]
@@ -101,6 +101,9 @@ def test_a_restored_mid_epoch_state_is_where_later_buffers_reach_back_to(packed_
     assert got[:NUM_SPLITS] == got[NUM_SPLITS:]  # the same next step from either
     wait_sealed(coord, 3)
     assert reference_keys(coord.state_dict()) == reference_keys(mine.state_dict())
+    run_dir = tmp_path / "store" / "packed_restore"
+    assert "starts" not in (run_dir / "coordinator.json").read_text()  # no buffer in it
+    assert len(list(run_dir.glob("packed-base-*.json"))) == 1  # written once, by the restore
     coord.kill()  # a new actor reads the base buffers back from its persisted ledger
     again = packed_coord("packed_restore", 1)
     assert reference_keys(again.state_dict()) == reference_keys(mine.state_dict())

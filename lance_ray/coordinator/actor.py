@@ -68,7 +68,8 @@ class CoordinatorActor:
             PackedRun(PackOptions(**packing), self._spec.num_splits)
         self._built: tuple[lg.Sealed, dict[str, Any]] | None = None  # the last packed state
         # I/O: one JSON object under a path or URI, with the table's storage options.
-        self._path = storage.join(storage_path, name, "coordinator.json")
+        self._dir = storage.join(storage_path, name)
+        self._path = storage.join(self._dir, "coordinator.json")
         self._io: dict[str, Any] = {"storage_options": table.storage_options,
                                     "retry": storage_retry}
         self._lock = threading.RLock()
@@ -103,7 +104,8 @@ class CoordinatorActor:
         ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
                            _sealed_from_json(led["sealed"]), packed=self._packed is not None)
         if self._packed is not None:
-            self._packed.load_json(saved["packed"])
+            self._packed.load_json(saved["packed"], lambda name: storage.read_json(
+                storage.join(self._dir, name), **self._io))
         if ledger.sealed is not None:
             self._history.add(ledger.sealed)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
@@ -221,8 +223,9 @@ class CoordinatorActor:
             if self._packed is not None:
                 parse_packed_state(state)  # a valid epoch before its plan is built
                 plan = self._plan(state["epoch"])
-                self._restore(self._packed.restore(state, self._table, plan,
-                                                   self._ledger.world_size))
+                sealed = self._packed.restore(state, self._table, plan, self._ledger.world_size)
+                self._save_base()
+                self._restore(sealed)
                 return
             progress = st.parse_state(state)
             epoch = state["epoch"]
@@ -234,6 +237,15 @@ class CoordinatorActor:
                 )
             self._restore(lg.Sealed(epoch, progress.global_step or 0, self._ledger.world_size,
                                     tuple(progress.samples), tuple(progress.positions)))
+
+    def _save_base(self) -> None:
+        """Write a packed run's base to its own file, before the ledger that names it."""
+        assert self._packed is not None
+        name = self._packed.base_name()
+        if name is not None and name != self._packed.base_file:  # every rank restores it
+            storage.write_json_atomic(storage.join(self._dir, name), self._packed.base_json(),
+                                      fsync=True, **self._io)
+        self._packed.base_file = name
 
     def _restore(self, sealed: lg.Sealed) -> None:
         lg.restore(self._ledger, sealed)
@@ -258,6 +270,7 @@ class CoordinatorActor:
                 lg.advance_epoch(self._ledger, epoch)
                 if self._packed is not None:
                     self._packed.reset()
+                    self._save_base()
                 self._rank_progress.clear()
                 self._persist(durable=True)
 

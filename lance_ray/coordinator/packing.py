@@ -9,8 +9,11 @@ coordinator's checkpoint loads in ``lancedb.streaming`` and in views of any worl
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,7 @@ class PackedRun:
     num_splits: int
     base: list[SplitProgress] = field(default_factory=list)  # the epoch's starting buffers
     budgets: dict[int, int] = field(default_factory=dict)  # epoch -> blocks_per_epoch
+    base_file: str | None = None  # where the base was persisted (``base_name``)
     # Views ask for an epoch's budget at once (the actor answers several calls at a time):
     # one of them counts, the others wait for its number.
     counting: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -139,12 +143,28 @@ class PackedRun:
                          consumed, tuple(parsed.emitted),
                          tuple(buffer_length(s) for s in parsed.splits))
 
+    # Persistence. The base holds tokens (up to a block or more per split), so it is kept in
+    # a file of its own, named by its content and written once per restore, not with every
+    # seal the ledger writes; the ledger names the file (written first, so a crash between
+    # the two leaves the ledger naming the previous one).
+
+    def base_json(self) -> list[dict[str, Any]]:
+        return [{"consumed": s.consumed, "emitted": s.emitted, "buffer": s.buffer()}
+                for s in self.base]
+
+    def base_name(self) -> str | None:
+        """The base's file name (None: every stream starts empty, no file is needed)."""
+        if all(s.key() == SplitProgress().key() for s in self.base):
+            return None
+        digest = hashlib.sha256(json.dumps(self.base_json()).encode()).hexdigest()[:20]
+        return f"packed-base-{digest}.json"
+
     def to_json(self) -> dict[str, Any]:
-        return {"base": [{"consumed": s.consumed, "emitted": s.emitted, "buffer": s.buffer()}
-                         for s in self.base],
+        return {"base_file": self.base_file,
                 "budgets": {str(e): b for e, b in self.budgets.items()}}
 
-    def load_json(self, saved: dict[str, Any]) -> None:
+    def load_json(self, saved: dict[str, Any], read: Callable[[str], Any]) -> None:
+        """Restore from ``to_json``'s output; ``read(name)`` loads a base file."""
         def progress(d: dict[str, Any]) -> SplitProgress:
             buf = d["buffer"]
             if buf is None:
@@ -152,5 +172,9 @@ class PackedRun:
             return SplitProgress(d["consumed"], d["emitted"], np.array(buf["tokens"], np.int64),
                                  np.array(buf["starts"], np.int64))
 
-        self.base = [progress(d) for d in saved["base"]]
+        self.base_file = saved["base_file"]
+        if self.base_file is None:
+            self.reset()
+        else:
+            self.base = [progress(d) for d in read(self.base_file)]
         self.budgets = {int(e): b for e, b in saved["budgets"].items()}
