@@ -315,6 +315,16 @@ def test_status_of_a_live_coordinator(capsys, ray_session, table_1k, tmp_path):
             coordinator.kill()
 
 
+def test_status_of_a_packed_run_counts_its_sealed_blocks(capsys):
+    from lance_ray.cli.status import print_status
+
+    print_status({"name": "lm", "namespace": "lance_ray", "epoch": 0, "world_size": 2,
+                  "num_splits": 4, "sealed_step": 3, "sealed_rows": 9, "epoch_rows": 60,
+                  "rows_per_s": 1.0, "pending_steps": [], "ranks": {},
+                  "packed": {"block_len": 6, "sealed_blocks": 12, "epoch_blocks": 32}})
+    assert "sealed blocks  12 / 32 of 6 tokens (37.5%)" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------- entry points
 
 

@@ -71,7 +71,9 @@ def test_a_packed_run_resumes_from_the_coordinator_on_every_world_size_exactly_o
     before = [x for r in range(before_ws)
               for x in rank_blocks(coord.view(r, before_ws, reader="local"),
                                    NUM_SPLITS // before_ws, steps)]
-    wait_sealed(coord, steps)
+    status = wait_sealed(coord, steps)
+    assert status["packed"] == {"block_len": L, "sealed_blocks": steps * NUM_SPLITS,
+                                "epoch_blocks": PER_SPLIT * NUM_SPLITS}
     checkpoint = coord.state_dict()
     for after_ws in valid_world_sizes(NUM_SPLITS):
         coord.load_state_dict(checkpoint)

@@ -69,6 +69,13 @@ def fetch_status(name: str, namespace: str, address: str | None = None) -> dict[
     return {"namespace": namespace, **status}
 
 
+def _blocks(packed: dict[str, Any]) -> str:
+    """A packed run's sealed blocks (``status()["packed"]``), out of the epoch's."""
+    done, total = packed["sealed_blocks"], packed["epoch_blocks"]
+    out = f"{done} / {'?' if total is None else total} of {packed['block_len']} tokens"
+    return out + (f" ({percent(done, total)})" if total else "")
+
+
 def print_status(s: dict[str, Any]) -> None:
     """Print ``fetch_status``'s result for a human."""
     rows_of = "?" if s.get("epoch_rows") is None else s["epoch_rows"]
@@ -83,6 +90,7 @@ def print_status(s: dict[str, Any]) -> None:
         ("world size", f"{s['world_size']} ({s['num_splits']} splits)"),
         ("sealed step", s["sealed_step"]),
         ("sealed rows", sealed),
+        *([("sealed blocks", _blocks(s["packed"]))] if s.get("packed") else []),
         ("rows/s", f"{s['rows_per_s']:.1f}"),
         ("pending steps", ", ".join(map(str, pending)) if pending else "none"),
     ])

@@ -296,4 +296,5 @@ class CoordinatorActor:
                 "report_policy": asdict(self._report_policy),
                 "table_version": self._table.version,
                 "pid": os.getpid(),
+                **({} if self._packed is None else {"packed": self._packed.status(start)}),
             }

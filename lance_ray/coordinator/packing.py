@@ -81,6 +81,13 @@ class PackedRun:
         logger.info("blocks_per_epoch='auto': %d blocks for epoch %d, from an exact count "
                     "of %d tokens", self.budgets[epoch], epoch, int(totals.sum()))
 
+    def status(self, sealed: lg.Sealed) -> dict[str, Any]:
+        """Blocks of ``sealed`` and of the epoch (None while an ``"auto"`` count is due)."""
+        budget = self.options.blocks_per_epoch
+        return {"block_len": self.options.block_len, "sealed_blocks": sum(sealed.blocks),
+                "epoch_blocks": budget if isinstance(budget, int)
+                else self.budgets.get(sealed.epoch)}
+
     def _config(self, budget: int) -> PackConfig:
         o = self.options
         return PackConfig(o.block_len, o.eos_id, o.pad_id, budget // self.num_splits)
