@@ -73,6 +73,7 @@ def test_packer_matches_the_token_by_token_model(docs, L, budget, data):
         cut = packer.cut(data.draw(hs.integers(1, ready)))
         for j in range(len(cut)):
             p = cut.progress_after(j + 1)
+            assert cut.counts_after(j + 1) == p.counts()  # what views report, uncopied
             got.append((cut.input_ids[j].tolist(), cut.doc_ids[j].tolist(), p.consumed,
                         p.tokens.tolist(), p.starts.tolist()))
         s = packer.state()

@@ -33,7 +33,7 @@ from ..state.packed import (
     parse_packed_state,
 )
 from ..stream.packing import documents
-from ..stream.rebuild import FIRST_READ, buffer_length, rebuild_buffer
+from ..stream.rebuild import FIRST_READ, rebuild_buffer
 from ..view.pack_args import PackOptions
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class PackedRun:
         consumed = tuple(s.consumed for s in parsed.splits)
         return lg.Sealed(plan.spec.epoch, parsed.owner.global_step or 0, world_size, consumed,
                          consumed, tuple(parsed.emitted),
-                         tuple(buffer_length(s) for s in parsed.splits))
+                         tuple(s.counts()[2] for s in parsed.splits))
 
     # Persistence. The base holds tokens (up to a block or more per split), so it is kept in
     # a file of its own, named by its content and written once per restore, not with every

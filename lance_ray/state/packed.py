@@ -47,6 +47,11 @@ class SplitProgress:
     tokens: np.ndarray | None = None
     starts: np.ndarray | None = None
 
+    def counts(self) -> tuple[int, int, int]:
+        """``(consumed, emitted, tokens buffered)``, -1 tokens when there is no buffer: what
+        the coordinator keeps of this split (it reads the tokens back when it needs them)."""
+        return self.consumed, self.emitted, -1 if self.tokens is None else len(self.tokens)
+
     def key(self) -> tuple[int, int, Any]:
         """Everything a state records for this split, comparable."""
         return self.consumed, self.emitted, self.buffer()

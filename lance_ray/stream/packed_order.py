@@ -36,6 +36,14 @@ def progress_of(last: Last) -> SplitProgress:
     return cut.progress_after(j)
 
 
+def counts_of(last: Last) -> tuple[int, int, int]:
+    """The split's ``SplitProgress.counts()`` after ``last`` (without building its state)."""
+    if isinstance(last, SplitProgress):
+        return last.counts()
+    cut, j = last
+    return cut.counts_after(j)
+
+
 def emitted_of(last: Last) -> int:
     """The split's blocks emitted after ``last`` (without building its state)."""
     if isinstance(last, SplitProgress):

@@ -157,6 +157,11 @@ class Cut:
         """``[k, L]`` int64 document ids of the cut's blocks."""
         return np.cumsum(self.doc_starts, axis=1, dtype=np.int64)
 
+    def counts_after(self, j: int) -> tuple[int, int, int]:
+        """``progress_after(j).counts()``, without copying the buffer."""
+        lo, hi = self.base + j * self.block_len, int(self.ends[j - 1])
+        return int(self.consumed[j - 1]), self.first_emitted + j, max(0, hi - lo)
+
     def progress_after(self, j: int) -> SplitProgress:
         """The split's state after the first ``j`` (``1 <= j <= len``) blocks of the cut."""
         lo, hi = self.base + j * self.block_len, int(self.ends[j - 1])

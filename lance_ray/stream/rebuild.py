@@ -24,11 +24,6 @@ ReadDocuments = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
 FIRST_READ = 4  # documents read back first; a buffer usually lies within the last one
 
 
-def buffer_length(progress: SplitProgress) -> int:
-    """What the coordinator keeps of ``progress``'s buffer: its length, -1 for none."""
-    return -1 if progress.tokens is None else len(progress.tokens)
-
-
 def rebuild_buffer(base: SplitProgress, consumed: int, emitted: int, length: int,
                    read: ReadDocuments, eos_id: int) -> SplitProgress:
     """The split's state with ``consumed`` documents and ``emitted`` blocks whose buffer

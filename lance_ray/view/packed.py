@@ -34,9 +34,15 @@ from ..state.packed import (
     parse_packed_state,
 )
 from ..stream.order import RankStream
-from ..stream.packed_order import NOT_ALIGNED, Blocks, RankPacker, emitted_of, progress_of
+from ..stream.packed_order import (
+    NOT_ALIGNED,
+    Blocks,
+    RankPacker,
+    counts_of,
+    emitted_of,
+    progress_of,
+)
 from ..stream.packing import cu_seqlens_of, position_ids_of
-from ..stream.rebuild import buffer_length
 from .compat import worker_share
 from .iteration import timed
 from .pack_args import PackOptions
@@ -286,14 +292,14 @@ class PackedView:
             raise RuntimeError("a coordinator's packed view reports its whole rank's splits; "
                                "read it with iter_batches or StreamingDataLoader, not with "
                                "the workers of a plain DataLoader")
-        progress = self._pack_progress()
-        mine = [progress[s] for s in self._owned]
-        consumed = tuple(p.consumed for p in mine)
+        # Counted without copying the buffers: this runs at every batch.
+        live = dict(zip(*self._pack_live)) if self._pack_live is not None else {}
+        consumed, emitted, buffered = zip(*(
+            counts_of(live[s]) if s in live else self._pack_base[s].counts()
+            for s in self._owned))
         self._plans.report(RankReport(self._rank, self._world_size, self._spec.epoch,
-                                      self._cursor.batches, consumed, consumed,
-                                      tuple(p.emitted for p in mine),
-                                      tuple(buffer_length(p) for p in mine)),
-                           final=not self._packed_remaining())
+                                      self._cursor.batches, consumed, consumed, emitted,
+                                      buffered), final=not self._packed_remaining())
 
     def _report_left_out(self, packer: RankPacker) -> None:
         """Count (in ``stats.tokens_left_out``) and log, once per epoch, the tokens of this
