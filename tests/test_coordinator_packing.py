@@ -148,3 +148,15 @@ def test_the_next_epoch_starts_every_split_afresh_in_the_coordinator(packed_coor
     wait_sealed(coord, 2)
     state = coord.state_dict()
     assert state["epoch"] == 1 and reference_keys(state) == reference_keys(own.state_dict())
+
+
+def test_views_on_the_ray_reader_report_the_same_sealed_state(packed_coord, token_table):
+    table = token_table[0]
+    coord = packed_coord("packed_ray", 2)
+    own = own_views(table, 2, blocks_per_epoch=PER_SPLIT * NUM_SPLITS)
+    attached = [coord.view(r, 2, reader="ray") for r in range(2)]
+    for mine, theirs in zip(attached, own):
+        assert rank_blocks(mine, 2, 3) == rank_blocks(theirs, 2, 3)
+    wait_sealed(coord, 3)
+    merged = lance_ray.merge_state_dicts([v.state_dict() for v in own])
+    assert reference_keys(coord.state_dict()) == reference_keys(merged)
