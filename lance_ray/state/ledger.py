@@ -15,7 +15,8 @@ tail of the split's stream, which the coordinator reads back when it builds a st
 Cost: a pending step keeps one merged row of progress that each report writes its own
 splits into, so recording a rank's step is O(its splits) and sealing a step is
 O(num_splits); nothing is ever re-merged. Memory: at most ``PENDING_WINDOW`` pending steps,
-each two lists of ``num_splits`` integers and a set of the ranks that reported it.
+each two lists of ``num_splits`` integers (packed: four) and a set of the ranks that reported
+it.
 """
 
 from __future__ import annotations
