@@ -96,7 +96,9 @@ class PackedView:
         if reader == "coordinator":  # the run's packing lives in the coordinator actor
             from lance_ray.coordinator.handle import Coordinator
 
-            coord = Coordinator.get(coordinator or "")
+            if coordinator is None:
+                raise ValueError("reader='coordinator' needs the coordinator's name")
+            coord = Coordinator.get(coordinator)
             coord.load_state_dict(state or coord.initial_state())  # the same on every rank
             self.ds = coord.view(rank, world_size, reader="local")
         elif reader == "reference":

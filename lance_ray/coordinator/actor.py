@@ -63,7 +63,6 @@ class CoordinatorActor:
         self._table = table
         self._spec = PlanSpec(**spec)
         self._rows = rows
-        self._packing = packing
         self._packed = None if packing is None else \
             PackedRun(PackOptions(**packing), self._spec.num_splits)
         self._built: tuple[lg.Sealed, dict[str, Any]] | None = None  # the last packed state
@@ -82,14 +81,15 @@ class CoordinatorActor:
         self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                      self._lock)
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
-                                                    self._spec.epoch, packed=bool(packing))
+                                                    self._spec.epoch,
+                                                    packed=self._packed is not None)
         self._persist(durable=True)
 
     # ----------------------------------------------------------------- durability
 
     def _config(self) -> dict[str, Any]:
         return {"uri": self._table.uri, "spec": {**self._spec.config(), "epoch": 0},
-                **({"packing": self._packing} if self._packing else {})}
+                **({} if self._packed is None else {"packing": asdict(self._packed.options)})}
 
     def _recover(self) -> lg.Ledger | None:
         if not storage.exists(self._path, **self._io):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from ..topology import splits_per_rank
 
@@ -30,6 +31,8 @@ from ..topology import splits_per_rank
 # rank that far behind is dead or restarting, and its old steps can no longer seal. Views
 # hold back at most a few coalesced batches, far fewer steps than this.
 PENDING_WINDOW = 256
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class RankReport:
     positions: tuple[int, ...]
     blocks: tuple[int, ...] = ()  # packed mode: blocks emitted, per owned split
     buffered: tuple[int, ...] = ()  # packed mode: tokens in each buffer, -1: no buffer
+
+
+def columns_of(samples: T, positions: T, blocks: T, buffered: T) -> tuple[T, ...]:
+    """The progress columns that are sent and sealed: samples and positions, plus blocks and
+    buffered in packed mode (rows leave them empty)."""
+    return (samples, positions, blocks, buffered) if blocks else (samples, positions)
 
 
 @dataclass(frozen=True)
@@ -66,15 +75,13 @@ class ReportBatch:
 
     @classmethod
     def of(cls, report: RankReport) -> ReportBatch:
-        packed = bool(report.blocks)
         return cls(report.rank, report.world_size, report.epoch, (report.step,),
-                   (report.samples,), (report.positions,),
-                   (report.blocks,) if packed else (), (report.buffered,) if packed else ())
+                   *([c] for c in columns_of(report.samples, report.positions,
+                                             report.blocks, report.buffered)))
 
     def progress(self) -> Iterator[tuple[int, tuple[Sequence[int], ...]]]:
         """``(step, its per-split progress lists)`` for each step, in the order sent."""
-        columns = (self.samples, self.positions, *((self.blocks, self.buffered)
-                                                   if self.blocks else ()))
+        columns = columns_of(self.samples, self.positions, self.blocks, self.buffered)
         for i, step in enumerate(self.steps):
             yield step, tuple(c[i] for c in columns)
 
@@ -93,8 +100,7 @@ class Sealed:
 
     def columns(self) -> tuple[tuple[int, ...], ...]:
         """The per-split progress lists (two, or four in packed mode)."""
-        return (self.samples, self.positions, *((self.blocks, self.buffered)
-                                                if self.blocks else ()))
+        return columns_of(self.samples, self.positions, self.blocks, self.buffered)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..checks import positive_int
-from .ledger import PENDING_WINDOW, RankReport, ReportBatch
+from .ledger import PENDING_WINDOW, RankReport, ReportBatch, columns_of
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ class Reporter:
     def add(self, report: RankReport, *, final: bool = False) -> None:
         """Buffer the rank's progress after its step; ``final``: the epoch ends here."""
         rank, world_size, epoch = report.rank, report.world_size, report.epoch
-        progress = (report.samples, report.positions,
-                    *((report.blocks, report.buffered) if report.blocks else ()))
+        progress = columns_of(report.samples, report.positions, report.blocks,
+                              report.buffered)
         with self._lock:
             self._raise_answered()
             key = (rank, world_size, epoch)

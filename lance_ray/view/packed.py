@@ -299,7 +299,8 @@ class PackedView:
             for s in self._owned))
         self._plans.report(RankReport(self._rank, self._world_size, self._spec.epoch,
                                       self._cursor.batches, consumed, consumed, emitted,
-                                      buffered), final=not self._packed_remaining())
+                                      buffered),
+                           final=all(e == self._pack_config.blocks_per_split for e in emitted))
 
     def _report_left_out(self, packer: RankPacker) -> None:
         """Count (in ``stats.tokens_left_out``) and log, once per epoch, the tokens of this
