@@ -76,6 +76,18 @@ def test_slices_share_the_chunk_and_concat_restores_it():
         assert (got == value).all() if isinstance(value, torch.Tensor) else got == value
 
 
+@pytest.mark.parametrize(("dtype", "grad"), [
+    (torch.int64, False), (torch.float32, False), (torch.bool, False), (torch.uint8, False),
+    (torch.bfloat16, False), (torch.float32, True), (torch.bfloat16, True)])
+def test_concat_of_tensor_parts_equals_torch_cat_for_any_dtype(dtype, grad):
+    # Parts are joined by numpy (no torch threads); what numpy cannot view (bfloat16, a
+    # transform's tensor that needs grad) goes through torch.cat, with the same result.
+    parts = [torch.arange(n * 2).reshape(n, 2).to(dtype).requires_grad_(grad) for n in (3, 0, 4)]
+    got = Columns.concat([Columns({"t": p}, len(p), 0) for p in parts]).data["t"]
+    want = torch.cat(parts)
+    assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
 def test_strings_and_nulls_keep_their_rows_through_reads_and_loader_workers(tmp_path):
     import lancedb
     from lancedb import streaming as reference
