@@ -105,6 +105,13 @@ class ReadSizing:
         return self._rows(self.target_bytes, self.max_rows)
 
     @property
+    def batch_rows(self) -> int:
+        """Most rows a read may grow to so that one batch is not split over two reads: an
+        eighth over a full read, so a batch a little over the byte target (256 rows of
+        64 KB plus their ids) is still one read."""
+        return self.steady_rows + self.steady_rows // 8
+
+    @property
     def first_rows(self) -> int:
         """Rows of the first read: small, so the first batch comes quickly."""
         return self._rows(FIRST_READ_BYTES, min(self.steady_rows, FIRST_READ_ROWS))
