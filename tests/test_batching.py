@@ -51,8 +51,8 @@ def test_requests_cover_exactly_the_samples_of_a_workers_batches(
         sizes = [len(r.row_ids) for r in requests]
         ramp = list(itertools.islice(read_sizes(chunk_rows), len(sizes)))
         # A batch that fits in a read is never split over two: reads end early or grow to
-        # hold it, by an eighth of a full read at most. Longer batches are split as the
-        # ramp goes, so no read is longer than its ramp size unless it grew for a batch.
+        # hold it, to an eighth over a full read at most. Longer batches are split as the
+        # ramp goes.
         grown = ReadSizing(chunk_rows).batch_rows
         assert all(n <= grown for n in sizes)
         if batch_size > grown:  # only the last, short batch may change the last two reads
