@@ -49,22 +49,23 @@ def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, in
     ``with_splits``: each request carries its rows' splits (packed reads group by them).
 
     A range of at most ``sizing.batch_rows`` rows (a batch, when ``ranges`` are batches) is
-    never split over two reads: a read grows to hold it while it stays within
-    ``batch_rows``, else it ends early and the next read holds it. So such a batch is a view
-    of one read, never a copy joining two (on 64 KB rows, where a batch of 256 is a full
-    read, every batch used to join two).
+    never split over two reads. A read that holds nothing yet grows to hold it; a full-size
+    read grows to hold it within ``batch_rows``; otherwise the read ends early and the next
+    one holds it (so the small first reads stay small). So such a batch is a view of one
+    read, never a copy joining two (on 64 KB rows, where a batch of 256 is a full read,
+    every batch used to join two).
 
     Lazy, one request at a time: the row ids of a whole epoch are never materialised at once.
     """
     sizes = sizing.sizes()
     spans: list[tuple[int, int]] = []
-    room = next(sizes)
+    room = planned = next(sizes)
     used = 0  # rows in ``spans``
     for lo, hi in ranges:
         if room < hi - lo <= sizing.batch_rows:
-            if used + hi - lo > sizing.batch_rows:
+            if used and (planned < sizing.steady_rows or used + hi - lo > sizing.batch_rows):
                 yield _request(plan, stream, spans, with_splits)
-                spans, room, used = [], next(sizes), 0
+                spans, room, used = [], (planned := next(sizes)), 0
             room = max(room, hi - lo)
         while lo < hi:
             take = min(hi - lo, room)
@@ -75,7 +76,7 @@ def requests_for(plan: SplitPlan, stream: RankStream, ranges: list[tuple[int, in
             lo, room, used = lo + take, room - take, used + take
             if room == 0:
                 yield _request(plan, stream, spans, with_splits)
-                spans, room, used = [], next(sizes), 0
+                spans, room, used = [], (planned := next(sizes)), 0
     if spans:
         yield _request(plan, stream, spans, with_splits)
 
