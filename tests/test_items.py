@@ -16,6 +16,7 @@ from torch.utils.data import default_collate
 from lance_ray.read.items import (
     ItemColumns,
     NoTensorForm,
+    _flatten,
     as_columns,
     columnar,
     from_arrow,
@@ -112,6 +113,23 @@ def test_columns_collate_and_rebuild_exactly_like_the_items(make, n, data):
     joined = ItemColumns.concat([cols[:lo], cols[lo:]])
     assert joined is not None
     assert_same(joined.items(), items)
+
+
+@settings(max_examples=300, deadline=None)
+@given(item_makers(), item_makers(), st.integers(2, 6), st.data())
+def test_one_item_of_another_layout_keeps_the_read_a_list(make, other, n, data):
+    items = [make(i) for i in range(n)]
+    odd = data.draw(st.integers(1, n - 1))
+    items[odd] = other(odd)
+    try:
+        differs = _flatten(items[odd], []) != _flatten(items[0], [])
+    except NoTensorForm:
+        differs = True
+    if differs:
+        with pytest.raises(NoTensorForm):
+            columnar(items)
+    else:
+        assert_same(columnar(items).items(), items)
 
 
 @pytest.mark.parametrize("items, why", [
