@@ -211,7 +211,7 @@ def columnar(items: list[Any]) -> ItemColumns:
 
 
 DIFFER = "items whose structure, dtypes or shapes differ within a read"
-_EXACT = {"int": int, "float": float, "bool": bool, "str": str, "bytes": bytes}
+_EXACT = {tag: kind for kind, tag in SCALARS.items()} | {"str": str, "bytes": bytes}
 
 
 def _gather(node: Node, values: list[Any], out: list[list[Any]]) -> None:
