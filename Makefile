@@ -30,6 +30,7 @@ demo-lm: venv
 bench: venv
 	$(PY) -m jobs.bench
 	$(PY) -m jobs.bench.paired
+	$(PY) -m jobs.bench.reservation
 
 clean:
 	rm -rf $(VENV) runs
