@@ -126,3 +126,58 @@ def test_rows_gathered_slice_by_slice_equal_the_element_gather(lengths, seed, in
     edges = sorted({0, len(values), *(int(row_ends[min(c, len(lengths) - 1)]) for c in cuts)})
     chunks = [values[a:b] for a, b in zip(edges, edges[1:])] or [values]
     assert np.array_equal(gather_rows(chunks, starts, lens, offsets), want)
+
+
+def _object_store_peak_mib(ds: Any, pause_s: float) -> int:
+    """The object store's peak use over an epoch of ``ds`` read by a consumer that pauses
+    after every batch, above its use before (sampled every 50 ms)."""
+    import re
+    import threading
+    import time
+
+    from ray._private.internal_api import memory_summary
+
+    def used() -> int:
+        found = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(stats_only=True))
+        return int(found.group(1)) if found else 0
+
+    base, peak, done = used(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], used() - base)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        for _ in ds.iter_batches(2):
+            time.sleep(pause_s)
+    finally:
+        done.set()
+        sampler.join()
+    return peak[0]
+
+
+def test_a_slow_consumer_holds_the_ray_pipeline_within_its_run_ahead_bound(
+        ray_session, wide_table, monkeypatch):
+    """Reads of 2 rows (2 MB) and a 4 MB budget: about 100 read tasks over the 200 MB table.
+    The run-ahead bound (``read.run_ahead``) keeps the object store near the budget; the same
+    pipeline without Ray Data's reservation and without the bound fills it with the table."""
+    import ray.data
+
+    from lance_ray.read import ray_data
+
+    def view() -> Any:
+        return lance_ray.StreamingDataset(wide_table, reader="ray", num_splits=4,
+                                          shuffle_seed=3, read_bytes=2 * ROW,
+                                          prefetch_bytes=4 * ROW, prefetch_batches=2)
+
+    bounded = _object_store_peak_mib(view(), pause_s=0.08)
+    monkeypatch.setattr(ray_data.RayDataReader, "_run_ahead", lambda self, requests: None)
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "op_resource_reservation_enabled",
+                        False)
+    unbounded = _object_store_peak_mib(view(), pause_s=0.08)
+    print(f"object store peak: bounded {bounded} MiB, unbounded {unbounded} MiB")
+    # Ray frees objects lazily, so the samples carry some tens of MiB beyond the bound.
+    assert bounded <= 100
+    assert unbounded >= bounded + 50

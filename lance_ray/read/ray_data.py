@@ -34,6 +34,7 @@ from .documents import DocumentReads
 from .items import from_arrow, to_arrow
 from .local import LocalReader
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
+from .run_ahead import RunAhead, bound_pipeline, run_ahead_for
 from .take import one_batch, take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
 
@@ -167,7 +168,22 @@ class RayDataReader:
                                 **self.ray_remote_args)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
+        bound = self._run_ahead(requests)
+        if bound is not None:
+            bound_pipeline(ds.context, bound)
         return ds
+
+    def _run_ahead(self, requests: list[ChunkRequest]) -> RunAhead | None:
+        """The pipeline's bound (``run_ahead``), None when the rows' width is unknown (a
+        remote table): Ray Data's own reservation then bounds it."""
+        sizing = self.sizing
+        if sizing is None or sizing.row_bytes is None or not requests:
+            return None
+        import ray
+
+        task_bytes = max(sizing.nbytes(len(r.row_ids)) for r in requests)
+        return run_ahead_for(sizing.budget_bytes, task_bytes,
+                             ray.cluster_resources().get("CPU", 1.0))
 
     def _chunk(self, block: pa.Table) -> list[ChunkResult]:
         seq = block.column(SEQ_COLUMN).to_numpy()
