@@ -117,15 +117,11 @@ def test_ray_data_reader_gives_the_reference_per_rank_sequence(
     assert row_ids(ours) == expected
 
 
-def test_ray_reader_without_ray_datas_reservation_keeps_the_reference_sequence(
-        ray_transforms, table_factory, monkeypatch):
-    """The README's opt-in for CPU-bound transforms on small clusters: with the reservation
-    off, Ray Data runs the read tasks side by side, and their blocks must still arrive in
-    request order."""
-    import ray.data
-
-    monkeypatch.setattr(ray.data.DataContext.get_current(),
-                        "op_resource_reservation_enabled", False)
+def test_ray_reader_running_read_tasks_side_by_side_keeps_the_reference_sequence(
+        ray_transforms, table_factory):
+    """Forty small transformed reads: the pipeline runs them side by side (``run_ahead``
+    replaces Ray Data's reservation, which ran them one at a time), and their blocks must
+    still arrive in request order (this fails with ``preserve_order`` off)."""
     table = table_factory(1000, 3)
     kw = {"num_splits": 6, "shuffle_seed": 5, "epoch": 1}
     expected = row_ids(reference.StreamingDataset(table, transform=ids_of, **kw))

@@ -1,13 +1,12 @@
-"""The Ray reader's transforms with Ray Data's per-operator reservation on and off, epoch by
-epoch in one process.
+"""The Ray reader's transforms with lance_ray's run-ahead bound and with Ray Data's
+per-operator reservation (its default, which lance_ray's pipelines replace), epoch by epoch
+in one process.
 
     python -m jobs.bench.reservation [--pairs 5] [--cases tokens,image] [--out runs/bench]
 
-On a 2-CPU local Ray, Ray Data's reservation
-(``DataContext.op_resource_reservation_enabled``) runs short read+transform tasks mostly one
-at a time (README, "Transforms"). Turning it off lets them run side by side, but also lets
-the reads run ahead of the trainer into the object store, so it is an opt-in. Each pair
-runs one epoch with the reservation on, then one with it off, after a warm-up of each.
+On a 2-CPU local Ray, Ray Data's reservation runs short read+transform tasks mostly one at a
+time (README, "Transforms"); ``lance_ray.read.run_ahead`` turns it off and bounds the
+pipeline itself. Each pair runs one epoch under each, after a warm-up of each.
 """
 
 from __future__ import annotations
@@ -17,11 +16,14 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 from .configs import ENV
 from .runners import timed_pass
 from .transform_runs import transform_configurations, transform_runner
 from .transforms import CASES, ensure_tables
+
+MODES = ("Ray Data's reservation", "lance_ray's bound")
 
 
 def main(argv: list[str]) -> None:
@@ -35,32 +37,37 @@ def main(argv: list[str]) -> None:
     db.mkdir(parents=True, exist_ok=True)
     tables = ensure_tables(db)
     import ray
-    import ray.data
+
+    from lance_ray.read.ray_data import RayDataReader
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    context = ray.data.DataContext.get_current()  # each epoch's pipeline copies it
+    bounded = RayDataReader._run_ahead
+    # Ray Data's reservation is what a pipeline without lance_ray's bound runs under.
+    reader: dict[str, Any] = {MODES[0]: lambda self, requests: None, MODES[1]: bounded}
     configs = {c.name: c for c in transform_configurations()}
-    for case in args.cases.split(","):
-        table = CASES[case][0]
-        spec = {"db": str(db), "table_name": table} | tables[table]
-        runner = transform_runner(spec, configs[f"tx-{case}-ray"])
-        rates: dict[bool, list[float]] = {True: [], False: []}
-        for reserve in (True, False):  # warm-up: Ray workers, caches
-            context.op_resource_reservation_enabled = reserve
-            timed_pass(runner)
-        for i in range(args.pairs):
-            line = [f"{case} pair {i + 1}/{args.pairs}:"]
-            for reserve in (True, False):
-                context.op_resource_reservation_enabled = reserve
-                rates[reserve].append(timed_pass(runner).rows_per_s)
-                line.append(f"reservation {'on' if reserve else 'off'} "
-                            f"{rates[reserve][-1] / 1e3:5.1f}k rows/s")
-            print("  ".join(line), flush=True)
-        on, off = statistics.median(rates[True]), statistics.median(rates[False])
-        higher = sum(b > a for a, b in zip(rates[True], rates[False]))
-        print(f"{case}: median rows/s, reservation on {on / 1e3:.1f}k, off {off / 1e3:.1f}k "
-              f"({off / on:.2f}x; off higher in {higher} of {args.pairs} pairs)", flush=True)
-    context.op_resource_reservation_enabled = True
+    try:
+        for case in args.cases.split(","):
+            table = CASES[case][0]
+            spec = {"db": str(db), "table_name": table} | tables[table]
+            runner = transform_runner(spec, configs[f"tx-{case}-ray"])
+            rates: dict[str, list[float]] = {m: [] for m in MODES}
+            for mode in MODES:  # warm-up: Ray workers, caches
+                RayDataReader._run_ahead = reader[mode]  # type: ignore[method-assign]
+                timed_pass(runner)
+            for i in range(args.pairs):
+                line = [f"{case} pair {i + 1}/{args.pairs}:"]
+                for mode in MODES:
+                    RayDataReader._run_ahead = reader[mode]  # type: ignore[method-assign]
+                    rates[mode].append(timed_pass(runner).rows_per_s)
+                    line.append(f"{mode} {rates[mode][-1] / 1e3:5.1f}k rows/s")
+                print("  ".join(line), flush=True)
+            old, new = (statistics.median(rates[m]) for m in MODES)
+            higher = sum(b > a for a, b in zip(*rates.values()))
+            print(f"{case}: median rows/s, {MODES[0]} {old / 1e3:.1f}k, {MODES[1]} "
+                  f"{new / 1e3:.1f}k ({new / old:.2f}x; higher in {higher} of {args.pairs} "
+                  "pairs)", flush=True)
+    finally:
+        RayDataReader._run_ahead = bounded  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

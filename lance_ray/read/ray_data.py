@@ -2,16 +2,17 @@
 
 A custom ``Datasource`` turns each read request into one read task; the user's transform
 runs as a ``map_batches`` stage in Ray tasks (its items travel as tensor columns where they
-have that form, see ``items``); the streaming executor gives prefetch and
-backpressure, and read tasks can run on any node of the cluster. The output (an ordered
-stream of ``ChunkResult``) is the same as ``local.LocalReader``'s.
+have that form, see ``items``); the streaming executor gives prefetch, and read tasks can
+run on any node of the cluster. The output (an ordered stream of ``ChunkResult``) is the same
+as ``local.LocalReader``'s.
 
 Reads grow to the view's read size (``requests.ReadSizing``: a byte target, bounded in rows),
-so each read task yields one block under the target, with its size in the block metadata
-for Ray Data's backpressure; blocks received are held within the sizing's in-flight budget.
-(Capping the pipeline's object store memory at that budget was tried and made the first
-batch 7x slower here.) For the tensor batch path each read is converted to
-``convert.Columns`` once, off the consumer's thread.
+so each read task yields one block under the target, with its size in the block metadata.
+How far the pipeline runs ahead of the consumer is bounded by ``run_ahead`` (in place of Ray
+Data's resource reservation), and blocks received are held within the sizing's in-flight
+budget. (Capping the pipeline's object store memory through Ray Data's resource limits was
+tried and made the first batch 7x slower here.) For the tensor batch path each read is
+converted to ``convert.Columns`` once, off the consumer's thread.
 """
 
 from __future__ import annotations
