@@ -67,6 +67,17 @@ def wait_sealed(coord: Any, step: int, timeout: float = 20.0) -> dict:
     raise AssertionError(f"step {step} never sealed: {coord.status()}")
 
 
+def consecutive_requests(rows: list[int]) -> list[Any]:
+    """Read requests of ``rows[i]`` consecutive rows each, from row 0 (one span each)."""
+    from lance_ray.read.requests import ChunkRequest
+
+    out, lo = [], 0
+    for n in rows:
+        out.append(ChunkRequest(((lo, lo + n),), np.arange(lo, lo + n, dtype=np.uint64)))
+        lo += n
+    return out
+
+
 def id_rows(lo: int, hi: int, dim: int) -> pa.Table:
     """Rows ``lo .. hi-1`` whose every value tells its row id: id, x = id / 2, v = [id] * dim."""
     ids = np.arange(lo, hi, dtype=np.int64)

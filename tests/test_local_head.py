@@ -8,18 +8,11 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import consecutive_requests
 
 from lance_ray.read.ahead import Started
 from lance_ray.read.ray_data import LOCAL_HEAD_BYTES, RayDataReader
-from lance_ray.read.requests import ChunkRequest, ReadSizing
-
-
-def _requests(rows: list[int]) -> list[ChunkRequest]:
-    out, lo = [], 0
-    for n in rows:
-        out.append(ChunkRequest(((lo, lo + n),), np.arange(lo, lo + n, dtype=np.uint64)))
-        lo += n
-    return out
+from lance_ray.read.requests import ReadSizing
 
 
 def _reader(transform=None, **kw) -> RayDataReader:
@@ -29,21 +22,21 @@ def _reader(transform=None, **kw) -> RayDataReader:
 
 def test_the_head_is_the_first_requests_within_the_byte_budget():
     per = LOCAL_HEAD_BYTES // 1024  # rows of one budget
-    assert _reader().local_head(_requests([per // 4] * 10)) == 4
-    assert _reader().local_head(_requests([per + 1, 5])) == 0
+    assert _reader().local_head(consecutive_requests([per // 4] * 10)) == 4
+    assert _reader().local_head(consecutive_requests([per + 1, 5])) == 0
     # At most half: the rest of a pass always goes through Ray Data, the reader asked for.
-    assert _reader().local_head(_requests([3, 4, 5])) == 1
-    assert _reader().local_head(_requests([3])) == 0
+    assert _reader().local_head(consecutive_requests([3, 4, 5])) == 1
+    assert _reader().local_head(consecutive_requests([3])) == 0
 
 
 def test_no_head_when_ray_remote_args_say_where_the_work_runs():
-    assert _reader(ray_remote_args={"num_cpus": 1}).local_head(_requests([3, 4])) == 0
+    assert _reader(ray_remote_args={"num_cpus": 1}).local_head(consecutive_requests([3, 4])) == 0
 
 
 def test_no_head_when_the_row_width_is_unknown():
     # A remote table's rows have no known width: the head's bytes could not be bounded.
     reader = RayDataReader(None, None, None, sizing=ReadSizing(1 << 16))
-    assert reader.local_head(_requests([3, 4, 5, 6])) == 0
+    assert reader.local_head(consecutive_requests([3, 4, 5, 6])) == 0
 
 
 def test_a_started_iterator_yields_every_item_in_order_and_its_error():
@@ -96,7 +89,7 @@ def test_read_tasks_pickle_without_cloudpickle(table_1k):
 
     pytest.importorskip("ray.data")
     table = lance_ray.StreamingDataset(table_1k, reader="local")._table
-    source = _datasource_cls()(table, ["id"], _requests([3, 5]))
+    source = _datasource_cls()(table, ["id"], consecutive_requests([3, 5]))
     tasks = source.get_read_tasks(1)
     shipped = [pickle.loads(pickle.dumps(t._read_fn)).args[3] for t in tasks]
     assert [c.spans for c in shipped] == [((0, 3),), ((3, 8),)]

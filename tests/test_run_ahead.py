@@ -4,12 +4,12 @@ consumer is measured in ``test_read_sizing``."""
 
 from __future__ import annotations
 
-import numpy as np
+from conftest import consecutive_requests
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lance_ray.read.ray_data import RayDataReader
-from lance_ray.read.requests import ChunkRequest, ReadSizing
+from lance_ray.read.requests import ReadSizing
 from lance_ray.read.run_ahead import BUDGET_KEY, TASK_KEY, RunAhead, run_ahead_for
 
 MB = 1 << 20
@@ -38,14 +38,6 @@ def test_every_cpu_can_have_a_task_in_flight(budget, task, cpus):
     assert bound.admits(running=cpus - 1, queued_bytes=0, measured_task_bytes=0)
 
 
-def _requests(rows: list[int]) -> list[ChunkRequest]:
-    out, lo = [], 0
-    for n in rows:
-        out.append(ChunkRequest(((lo, lo + n),), np.arange(lo, lo + n, dtype=np.uint64)))
-        lo += n
-    return out
-
-
 def test_the_pipeline_runs_without_ray_datas_reservation_within_its_bound(ray_session,
                                                                           table_1k):
     import ray
@@ -54,7 +46,8 @@ def test_the_pipeline_runs_without_ray_datas_reservation_within_its_bound(ray_se
 
     table = lance_ray.StreamingDataset(table_1k, reader="local")._table
     sizing = ReadSizing(1 << 16, row_bytes=1000, budget_bytes=3 * MB)
-    ds = RayDataReader(table, ["id"], None, sizing=sizing).dataset(_requests([500, 2000, 800]))
+    reader = RayDataReader(table, ["id"], None, sizing=sizing)
+    ds = reader.dataset(consecutive_requests([500, 2000, 800]))
     context = ds.context
     assert context.op_resource_reservation_enabled is False
     assert context.execution_options.preserve_order
@@ -68,6 +61,6 @@ def test_without_the_rows_width_ray_datas_reservation_stays(ray_session, table_1
 
     table = lance_ray.StreamingDataset(table_1k, reader="local")._table
     reader = RayDataReader(table, ["id"], None, sizing=ReadSizing(1 << 16))  # width unknown
-    context = reader.dataset(_requests([100])).context
+    context = reader.dataset(consecutive_requests([100])).context
     assert context.op_resource_reservation_enabled is True
     assert context.get_config(BUDGET_KEY, None) is None
