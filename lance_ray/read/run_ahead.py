@@ -80,15 +80,21 @@ def _policy_cls() -> type:
         """Ray Data backpressure from :class:`RunAhead`, for the operators of a pipeline
         whose context :func:`bound_pipeline` configured."""
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Read once: Ray Data asks every operator at each step of its scheduling loop.
+            budget = self._data_context.get_config(BUDGET_KEY, None)
+            self._bound = None if budget is None else RunAhead(
+                budget, self._data_context.get_config(TASK_KEY, 0))
+
         @property
         def name(self) -> str:
             return "LanceRayRunAhead"
 
         def can_add_input(self, op: Any) -> bool:
-            budget = self._data_context.get_config(BUDGET_KEY, None)
-            if budget is None:
+            bound = self._bound
+            if bound is None:
                 return True
-            bound = RunAhead(budget, self._data_context.get_config(TASK_KEY, 0))
             metrics = op.metrics
             manager = self._resource_manager
             queued = manager.get_mem_op_outputs(op, include_ineligible_downstream=True)
