@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,3 +65,37 @@ def test_an_address_in_the_environment_counts_as_connected(monkeypatch):
 def test_an_unknown_reader_is_refused_naming_the_choices(table_1k):
     with pytest.raises(ValueError, match="'auto', 'ray', 'local'"):
         lance_ray.StreamingDataset(table_1k, num_splits=4, reader="threads")
+
+
+RAY_CHILD = r"""
+import sys, time
+import lancedb, lance_ray
+table = lancedb.connect(sys.argv[1]).open_table("t")
+# Small reads, one at a time, consumed slowly: the epoch outlasts the pipeline's start.
+ds = lance_ray.StreamingDataset(table, num_splits=4, shuffle_seed=5, reader="ray",
+                                read_batch_size=16, prefetch_bytes=1)
+rows = 0
+for batch in ds.iter_batches(16):
+    rows += len(batch["id"])
+    time.sleep(0.01)
+print(rows, flush=True)
+"""
+
+
+def test_reader_ray_with_no_cluster_starts_one_that_outlives_the_pipeline_start(
+        table_1k, tmp_path):
+    # Ray Data would start the cluster on the thread that starts the pipeline, and a local
+    # cluster's processes are killed when the thread that started them ends: the epoch then
+    # hung for 60 s and the process exited with code 1 after the first few reads.
+    db = os.path.dirname(table_1k.to_lance().uri.rstrip("/"))
+    ray_root = tempfile.mkdtemp(prefix="lrc")  # short: Ray's socket paths have a length limit
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env |= {"RAY_TMPDIR": ray_root, "PYTHONPATH": os.pathsep.join([str(REPO),
+                                                                    env.get("PYTHONPATH", "")])}
+    try:
+        out = subprocess.run([sys.executable, "-c", RAY_CHILD, db], env=env,
+                             capture_output=True, text=True, timeout=240)
+    finally:
+        shutil.rmtree(ray_root, ignore_errors=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1000"

@@ -225,6 +225,7 @@ class RayDataReader:
         return most
 
     def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
+        _connect_on_this_thread()
         head = self.local_head(reqs)
         rest = Started(self._iter_chunks(reqs[head:]))  # the pipeline starts now
         try:
@@ -259,6 +260,21 @@ class RayDataReader:
             close = getattr(blocks, "close", None)
             if close is not None:
                 close()  # Ray Data's prefetch threads stop now, while Ray is still up
+
+
+def _connect_on_this_thread() -> None:
+    """Connect to Ray (starting a local cluster if none is found, as Ray's own first call
+    would) on the consumer's thread, before the pipeline starts on a thread of ours.
+
+    A local cluster's processes die with the *thread* that started them (Linux's
+    parent-death signal, which Ray sets, follows the thread): left to Ray Data's automatic
+    start inside the pipeline's start thread, the cluster was killed when that thread ended,
+    and the epoch hung for 60 s and exited with code 1.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
 
 
 _open_pipelines: weakref.WeakSet[Iterator[ChunkResult]] = weakref.WeakSet()
