@@ -22,6 +22,7 @@ from lancedb import streaming as reference
 
 import lance_ray
 from lance_ray import valid_world_sizes
+from lance_ray.read import ray_data
 
 # (rows, fragments) of the tables the properties draw from; table_factory caches them.
 TABLES = ((37, 1), (250, 2), (1000, 3))
@@ -118,16 +119,38 @@ def test_ray_data_reader_gives_the_reference_per_rank_sequence(
 
 
 def test_ray_reader_running_read_tasks_side_by_side_keeps_the_reference_sequence(
-        ray_transforms, table_factory):
+        ray_transforms, table_factory, monkeypatch):
     """Forty small transformed reads: the pipeline runs them side by side (``run_ahead``
     replaces Ray Data's reservation, which ran them one at a time), and their blocks must
     still arrive in request order (this fails with ``preserve_order`` off)."""
+    monkeypatch.setattr(ray_data, "TASK_SECONDS", 0.0)  # one task per read, not joined
     table = table_factory(1000, 3)
     kw = {"num_splits": 6, "shuffle_seed": 5, "epoch": 1}
     expected = row_ids(reference.StreamingDataset(table, transform=ids_of, **kw))
     ours = lance_ray.StreamingDataset(table, reader="ray", transform=ids_of,
                                       read_batch_size=25, **kw)
     assert row_ids(ours) == expected
+
+
+def test_ray_reader_joins_cheap_transformed_reads_into_fewer_tasks_in_the_same_order(
+        ray_transforms, table_factory, monkeypatch):
+    tasks: list[tuple[int, int]] = []
+    plan_tasks = ray_data.RayDataReader.tasks
+
+    def counted(self, reqs, seconds_per_row):
+        out = plan_tasks(self, reqs, seconds_per_row)
+        tasks.append((len(reqs), len(out)))
+        return out
+
+    monkeypatch.setattr(ray_data.RayDataReader, "tasks", counted)
+    table = table_factory(1000, 3)
+    kw = {"num_splits": 6, "shuffle_seed": 8}
+    expected = row_ids(reference.StreamingDataset(table, transform=ids_of, **kw))
+    ours = lance_ray.StreamingDataset(table, reader="ray", transform=ids_of,
+                                      read_batch_size=25, **kw)
+    assert row_ids(ours) == expected
+    (reads, joined), = tasks
+    assert joined < reads
 
 
 def test_ray_data_reader_batches_hold_the_reference_sequence(ray_transforms, table_factory):

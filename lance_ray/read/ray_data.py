@@ -8,11 +8,15 @@ as ``local.LocalReader``'s.
 
 Reads grow to the view's read size (``requests.ReadSizing``: a byte target, bounded in rows),
 so each read task yields one block under the target, with its size in the block metadata.
-How far the pipeline runs ahead of the consumer is bounded by ``run_ahead`` (in place of Ray
-Data's resource reservation), and blocks received are held within the sizing's in-flight
-budget. (Capping the pipeline's object store memory through Ray Data's resource limits was
-tried and made the first batch 7x slower here.) For the tensor batch path each read is
-converted to ``convert.Columns`` once, off the consumer's thread.
+A transformed pass starts with one read in this process, which measures the transform's
+cost per row: the consumer then makes about a second's worth of reads itself while the
+pipeline starts (``local_head``), and the rest are joined into tasks of about a quarter
+second of work each (``tasks``). How far the pipeline runs ahead of the consumer is bounded
+by ``run_ahead`` (in place of Ray Data's resource reservation), and blocks received are held
+within the sizing's in-flight budget. (Capping the pipeline's object store memory through
+Ray Data's resource limits was tried and made the first batch 7x slower here.) For the
+tensor batch path each read is converted to ``convert.Columns`` once, off the consumer's
+thread.
 """
 
 from __future__ import annotations
@@ -34,7 +38,15 @@ from .convert import to_columns
 from .documents import DocumentReads
 from .items import from_arrow, to_arrow
 from .local import LocalReader
-from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
+from .requests import (
+    NO_COST,
+    ChunkRequest,
+    ChunkResult,
+    ReadCost,
+    ReadSizing,
+    grouped,
+    span_results,
+)
 from .run_ahead import RunAhead, bound_pipeline, run_ahead_for
 from .take import one_batch, take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
@@ -45,8 +57,15 @@ SEQ_COLUMN = "__lance_ray_seq"
 # A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
 COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
-# The reads a pipeline's consumer makes itself while Ray Data starts (``local_head``).
+# The reads a pipeline's consumer makes itself while Ray Data starts (``local_head``): at
+# most these bytes and, with a transform, about this much of the consumer's time (a warm
+# pipeline took 1-2 s here to its first block).
 LOCAL_HEAD_BYTES = 32 << 20
+LOCAL_HEAD_SECONDS = 1.0
+# Work per transformed read task. A Ray Data task costs ~30-40 ms of CPU here whatever its
+# size (the trainer's scheduling, the raylet, the worker's own handling): on 1,024-row tasks
+# of a 28 us/row tokenizer that was as much as the transform itself.
+TASK_SECONDS = 0.25
 
 
 def _datasource_cls() -> type:
@@ -208,33 +227,66 @@ class RayDataReader:
         _close_at_exit(chunks)
         return chunks
 
-    def local_head(self, reqs: list[ChunkRequest]) -> int:
+    def local_head(self, reqs: list[ChunkRequest], seconds_per_row: float | None = None
+                   ) -> int:
         """How many of the first requests are read in this process while the pipeline
         starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. At most
         ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
-        reader asked for); none when ``ray_remote_args`` say where the work must run, or
-        when the rows' width is unknown (a remote table), which leaves the bytes unbounded."""
+        reader asked for), and, given what a row cost the consumer (a transformed read's),
+        about ``LOCAL_HEAD_SECONDS`` of its time; none when ``ray_remote_args`` say where the
+        work must run, or when the rows' width is unknown (a remote table), which leaves the
+        bytes unbounded."""
         sizing = self.sizing
         if self.ray_remote_args or sizing is None or sizing.row_bytes is None:
             return 0
-        total, most = 0, len(reqs) // 2
+        total, rows, most = 0, 0, len(reqs) // 2
         for k, request in enumerate(reqs[:most]):
             total += sizing.nbytes(len(request.row_ids))
-            if total > LOCAL_HEAD_BYTES:
+            rows += len(request.row_ids)
+            if total > LOCAL_HEAD_BYTES or (
+                    k and seconds_per_row is not None
+                    and rows * seconds_per_row > LOCAL_HEAD_SECONDS):
                 return k
         return most
+
+    def tasks(self, reqs: list[ChunkRequest], seconds_per_row: float) -> list[ChunkRequest]:
+        """The read tasks for transformed ``reqs``: consecutive requests joined into about
+        ``TASK_SECONDS`` of work each (at a row's measured cost) and at most a full read's
+        bytes, so the fixed cost of a Ray task is paid per quarter second of work, not per
+        read (a transformed read is at most ``TRANSFORM_READ_ROWS``, for the local reader's
+        threads and the first batch)."""
+        most = max(1, int(TASK_SECONDS / max(seconds_per_row, 1e-9)))
+        if self.sizing is not None and self.sizing.row_bytes:
+            most = min(most, max(1, self.sizing.target_bytes // self.sizing.row_bytes))
+        return grouped(reqs, most)
 
     def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         _connect_on_this_thread()
         head = self.local_head(reqs)
-        rest = Started(self._iter_chunks(reqs[head:]))  # the pipeline starts now
+        first: list[ChunkResult] = []  # the first read's results, when read to time it
+        local = LocalReader(self.table, self.columns, self.transform,
+                            as_tensors=self.as_tensors, prefetch=self.prefetch_batches,
+                            transform_threads=self.transform_tasks, sizing=self.sizing,
+                            documents=self.documents)
+        rest_reqs = reqs[head:]
+        if head and self.transform is not None:
+            # A transform's cost is known once it ran: the first read, now, says how many
+            # rows this process can transform while the pipeline starts (sized by bytes
+            # alone, the head of a cheap-to-read table was half a pass transformed on the
+            # consumer's one thread), and how many rows make one task's worth of work.
+            first = list(local.iter_chunks(iter(reqs[:1])))
+            cost = sum((r.cost for r in first), NO_COST)
+            rows = len(reqs[0].row_ids)
+            head = max(1, self.local_head(reqs, (cost.fetch_s + cost.transform_s) / rows))
+            # The transform's cost alone: a small first take's fixed cost, spread over its
+            # rows, doubled the estimate, and a task's one take is paid once per task.
+            rest_reqs = self.tasks(reqs[head:], cost.transform_s / rows)
+        rest = Started(self._iter_chunks(rest_reqs))  # the pipeline starts now
         try:
-            if head:
-                local = LocalReader(self.table, self.columns, self.transform,
-                                    as_tensors=self.as_tensors, prefetch=self.prefetch_batches,
-                                    transform_threads=self.transform_tasks, sizing=self.sizing,
-                                    documents=self.documents)
-                yield from local.iter_chunks(iter(reqs[:head]))
+            yield from first
+            done = 1 if first else 0
+            if head > done:
+                yield from local.iter_chunks(iter(reqs[done:head]))
             yield from rest
         finally:
             rest.close()

@@ -136,10 +136,12 @@ class TransformPolicy:
     def read_rows(self, read_batch_size: int) -> int:
         """Most rows per read that this transform runs on.
 
-        A transformed read is one unit of work for a core (a Ray task, a read thread, a
-        loader worker's read): at most ``TRANSFORM_READ_ROWS`` rows, so every core has one
-        to the end of a short epoch and the first batch waits for one small unit; a take's
-        fixed cost is small next to a transform's per-row cost.
+        A transformed read is one unit of work for a core (a read thread, a loader
+        worker's read): at most ``TRANSFORM_READ_ROWS`` rows, so every core has one to the
+        end of a short epoch and the first batch waits for one small unit; a take's fixed
+        cost is small next to a transform's per-row cost. (A Ray task's fixed cost is not:
+        the Ray reader joins consecutive reads into tasks by their measured cost,
+        ``RayDataReader.tasks``.)
         """
         return min(read_batch_size, TRANSFORM_READ_ROWS)
 
