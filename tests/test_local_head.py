@@ -127,9 +127,12 @@ def test_grouped_reads_hold_the_same_rows_in_the_same_order(sizes, most):
 
 def test_transformed_tasks_hold_about_task_seconds_of_work_within_a_reads_bytes():
     reqs = consecutive_requests([100] * 40)
-    assert [len(r.row_ids) for r in _reader().tasks(reqs, TASK_SECONDS / 300)] == [300] * 13 \
-        + [100]
-    # Cheap rows: at most a full read's bytes (here 64 rows of 1 KB) per task.
+    assert [len(r.row_ids) for r in _reader().tasks(reqs, TASK_SECONDS / 300, 8)] == \
+        [300] * 13 + [100]
+    # Cheap rows: at most a full read's bytes in (here 1 KB a row) and out per task.
     sized = RayDataReader(None, None, None, sizing=ReadSizing(1 << 16, row_bytes=1024,
-                                                              target_bytes=64 << 10))
-    assert {len(r.row_ids) for r in sized.tasks(reqs, 1e-9)} == {100}
+                                                              target_bytes=256 << 10))
+    assert {len(r.row_ids) for r in sized.tasks(reqs, 1e-9, 8)} == {200}
+    assert {len(r.row_ids) for r in sized.tasks(reqs, 1e-9, 2048)} == {100}
+    # Items that travel as pickles have no known size: one task per read.
+    assert sized.tasks(reqs, 1e-9, None) == reqs

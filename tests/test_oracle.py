@@ -137,8 +137,8 @@ def test_ray_reader_joins_cheap_transformed_reads_into_fewer_tasks_in_the_same_o
     tasks: list[tuple[int, int]] = []
     plan_tasks = ray_data.RayDataReader.tasks
 
-    def counted(self, reqs, seconds_per_row):
-        out = plan_tasks(self, reqs, seconds_per_row)
+    def counted(self, reqs, *cost):
+        out = plan_tasks(self, reqs, *cost)
         tasks.append((len(reqs), len(out)))
         return out
 

@@ -36,7 +36,7 @@ from ..plan.table import TableRef
 from .ahead import Held, Started, ahead
 from .convert import to_columns
 from .documents import DocumentReads
-from .items import from_arrow, to_arrow
+from .items import ItemColumns, from_arrow, to_arrow
 from .local import LocalReader
 from .requests import (
     NO_COST,
@@ -249,16 +249,20 @@ class RayDataReader:
                 return k
         return most
 
-    def tasks(self, reqs: list[ChunkRequest], seconds_per_row: float) -> list[ChunkRequest]:
+    def tasks(self, reqs: list[ChunkRequest], seconds_per_row: float,
+              out_bytes_per_row: int | None) -> list[ChunkRequest]:
         """The read tasks for transformed ``reqs``: consecutive requests joined into about
-        ``TASK_SECONDS`` of work each (at a row's measured cost) and at most a full read's
-        bytes, so the fixed cost of a Ray task is paid per quarter second of work, not per
-        read (a transformed read is at most ``TRANSFORM_READ_ROWS``, for the local reader's
-        threads and the first batch)."""
-        most = max(1, int(TASK_SECONDS / max(seconds_per_row, 1e-9)))
-        if self.sizing is not None and self.sizing.row_bytes:
-            most = min(most, max(1, self.sizing.target_bytes // self.sizing.row_bytes))
-        return grouped(reqs, most)
+        ``TASK_SECONDS`` of work each (at a row's measured cost), each at most a full
+        read's bytes in and out, so the fixed cost of a Ray task is paid per quarter second
+        of work, not per read (a transformed read is at most ``TRANSFORM_READ_ROWS``, for
+        the local reader's threads and the first batch). Reads whose output size is unknown
+        (items that travel as pickles) stay one task each."""
+        sizing = self.sizing
+        if out_bytes_per_row is None or sizing is None or sizing.row_bytes is None:
+            return reqs
+        most = min(int(TASK_SECONDS / max(seconds_per_row, 1e-9)),
+                   sizing.target_bytes // max(sizing.row_bytes, out_bytes_per_row, 1))
+        return grouped(reqs, max(1, most))
 
     def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         _connect_on_this_thread()
@@ -280,7 +284,9 @@ class RayDataReader:
             head = max(1, self.local_head(reqs, (cost.fetch_s + cost.transform_s) / rows))
             # The transform's cost alone: a small first take's fixed cost, spread over its
             # rows, doubled the estimate, and a task's one take is paid once per task.
-            rest_reqs = self.tasks(reqs[head:], cost.transform_s / rows)
+            out = [r.payload.nbytes for r in first if isinstance(r.payload, ItemColumns)]
+            rest_reqs = self.tasks(reqs[head:], cost.transform_s / rows,
+                                   sum(out) // rows if len(out) == len(first) else None)
         rest = Started(self._iter_chunks(rest_reqs))  # the pipeline starts now
         try:
             yield from first
