@@ -266,28 +266,12 @@ class RayDataReader:
 
     def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         _connect_on_this_thread()
-        head = self.local_head(reqs)
-        first: list[ChunkResult] = []  # the first read's results, when read to time it
         local = LocalReader(self.table, self.columns, self.transform,
                             as_tensors=self.as_tensors, prefetch=self.prefetch_batches,
                             transform_threads=self.transform_tasks, sizing=self.sizing,
                             documents=self.documents)
-        rest_reqs = reqs[head:]
-        if head and self.transform is not None:
-            # A transform's cost is known once it ran: the first read, now, says how many
-            # rows this process can transform while the pipeline starts (sized by bytes
-            # alone, the head of a cheap-to-read table was half a pass transformed on the
-            # consumer's one thread), and how many rows make one task's worth of work.
-            first = list(local.iter_chunks(iter(reqs[:1])))
-            cost = sum((r.cost for r in first), NO_COST)
-            rows = len(reqs[0].row_ids)
-            head = max(1, self.local_head(reqs, (cost.fetch_s + cost.transform_s) / rows))
-            # The transform's cost alone: a small first take's fixed cost, spread over its
-            # rows, doubled the estimate, and a task's one take is paid once per task.
-            out = [r.payload.nbytes for r in first if isinstance(r.payload, ItemColumns)]
-            rest_reqs = self.tasks(reqs[head:], cost.transform_s / rows,
-                                   sum(out) // rows if len(out) == len(first) else None)
-        rest = Started(self._iter_chunks(rest_reqs))  # the pipeline starts now
+        first, head, tasks = self._split(local, reqs)
+        rest = Started(self._iter_chunks(tasks))  # the pipeline starts now
         try:
             yield from first
             done = 1 if first else 0
@@ -296,6 +280,27 @@ class RayDataReader:
             yield from rest
         finally:
             rest.close()
+
+    def _split(self, local: LocalReader, reqs: list[ChunkRequest]
+               ) -> tuple[list[ChunkResult], int, list[ChunkRequest]]:
+        """How a pass is read: the results of a first read made to time the transform (none
+        without one), how many requests the local head reads, and the pipeline's tasks."""
+        head = self.local_head(reqs)
+        if not head or self.transform is None:
+            return [], head, reqs[head:]
+        # A transform's cost is known once it ran: the first read, now, says how many rows
+        # this process can transform while the pipeline starts (sized by bytes alone, the
+        # head of a cheap-to-read table was half a pass transformed on the consumer's one
+        # thread), and how many rows make one task's worth of work.
+        first = list(local.iter_chunks(iter(reqs[:1])))
+        cost = sum((r.cost for r in first), NO_COST)
+        rows = len(reqs[0].row_ids)
+        head = max(1, self.local_head(reqs, (cost.fetch_s + cost.transform_s) / rows))
+        # The transform's cost alone: a small first take's fixed cost, spread over its rows,
+        # doubled the estimate, and a task's one take is paid once per task.
+        out = [r.payload.nbytes for r in first if isinstance(r.payload, ItemColumns)]
+        out_per_row = sum(out) // rows if len(out) == len(first) else None
+        return first, head, self.tasks(reqs[head:], cost.transform_s / rows, out_per_row)
 
     def _iter_chunks(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         if not reqs:
