@@ -55,12 +55,8 @@ PACK_COLUMN = "tokens"  # make_table.token_batch's
 def restore(reader: str) -> tuple[dict | None, dict | None]:
     """The merged data state and the model/optimizer state of the checkpoint being
     restored (None, None on a fresh start)."""
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return None, None
-    with checkpoint.as_directory() as d:
-        state = lt.checkpoint_data_state(d, merge=merge_for(reader))
-    return state, lt.load_model_state()
+    state = lt.restored_data_state(merge=merge_for(reader))
+    return (None, None) if state is None else (state, lt.load_model_state())
 
 
 def train_loop(config: dict[str, Any]) -> None:

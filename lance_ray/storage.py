@@ -103,9 +103,13 @@ def absolute(path: str | os.PathLike[str]) -> str:
 
 
 def resolve(path: str | os.PathLike[str],
-            storage_options: StorageOptionsFactory | None = None
-            ) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem that holds ``path`` and the path inside it."""
+            storage_options: StorageOptionsFactory | None = None,
+            filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem that holds ``path`` and the path inside it; with
+    ``filesystem``, ``path`` is already a path inside that filesystem (as Ray Train's
+    ``Checkpoint.filesystem`` and ``Checkpoint.path`` give it)."""
+    if filesystem is not None:
+        return filesystem, os.fspath(path)
     if not is_uri(path):
         local = os.fspath(path)
         if _MANGLED_URI.match(local):
@@ -270,11 +274,16 @@ def _write_local_atomic(target: Path, data: bytes, *, fsync: bool) -> None:
         raise
 
 
+def _on_object_store(fs: pafs.FileSystem) -> bool:
+    return not isinstance(fs, pafs.LocalFileSystem)
+
+
 def read_bytes(path: str | os.PathLike[str], *,
                storage_options: StorageOptionsFactory | None = None,
-               retry: RetryPolicy | None = None) -> bytes:
+               retry: RetryPolicy | None = None,
+               filesystem: pafs.FileSystem | None = None) -> bytes:
     """The whole content of ``path``; ``FileNotFoundError`` if there is none."""
-    fs, inner = resolve(path, storage_options)
+    fs, inner = resolve(path, storage_options, filesystem)
 
     def get() -> bytes:
         # One ranged GET of the size the HEAD reported (a stream would issue many GETs, and
@@ -282,7 +291,7 @@ def read_bytes(path: str | os.PathLike[str], *,
         with fs.open_input_file(inner) as f:
             return f.read_at(f.size(), 0)
 
-    return with_retries(get, what=f"read {path}", remote=is_remote(path), policy=retry)
+    return with_retries(get, what=f"read {path}", remote=_on_object_store(fs), policy=retry)
 
 
 def exists(path: str | os.PathLike[str], *,
@@ -291,19 +300,20 @@ def exists(path: str | os.PathLike[str], *,
     """Whether a file (or object) exists at ``path``."""
     fs, inner = resolve(path, storage_options)
     info = with_retries(lambda: fs.get_file_info(inner), what=f"look up {path}",
-                        remote=is_remote(path), policy=retry)
+                        remote=_on_object_store(fs), policy=retry)
     return info.type == pafs.FileType.File
 
 
 def list_files(path: str | os.PathLike[str], *,
                storage_options: StorageOptionsFactory | None = None,
-               retry: RetryPolicy | None = None) -> list[str]:
+               retry: RetryPolicy | None = None,
+               filesystem: pafs.FileSystem | None = None) -> list[str]:
     """Paths or URIs of the files directly under the directory (or prefix) ``path``, sorted;
     empty if it does not exist."""
-    fs, inner = resolve(path, storage_options)
+    fs, inner = resolve(path, storage_options, filesystem)
     selector = pafs.FileSelector(inner, allow_not_found=True, recursive=False)
     infos = with_retries(lambda: fs.get_file_info(selector), what=f"list {path}",
-                         remote=is_remote(path), policy=retry)
+                         remote=_on_object_store(fs), policy=retry)
     names = sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
     return [join(path, n) for n in names]
 
@@ -315,7 +325,7 @@ def list_dirs(path: str | os.PathLike[str], *,
     fs, inner = resolve(path, storage_options)
     selector = pafs.FileSelector(inner, allow_not_found=True, recursive=False)
     infos = with_retries(lambda: fs.get_file_info(selector), what=f"list {path}",
-                         remote=is_remote(path), policy=retry)
+                         remote=_on_object_store(fs), policy=retry)
     return [join(path, n) for n in
             sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)]
 
@@ -330,14 +340,17 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = T
 
 def read_json(path: str | os.PathLike[str], *,
               storage_options: StorageOptionsFactory | None = None,
-              retry: RetryPolicy | None = None) -> Any:
+              retry: RetryPolicy | None = None,
+              filesystem: pafs.FileSystem | None = None) -> Any:
     """Parse a JSON file or object (never pickle), with an error that names it."""
     # An object replaced between the HEAD and the GET of a read comes back cut at the old
     # size; a cut JSON object never parses, so on an object store a parse error is read
     # again (the reader then sees the new object whole) before it counts as corruption.
-    attempts = TORN_READ_ATTEMPTS if is_remote(path) else 1
+    fs, _ = resolve(path, storage_options, filesystem)
+    attempts = TORN_READ_ATTEMPTS if _on_object_store(fs) else 1
     for attempt in range(attempts):
-        data = read_bytes(path, storage_options=storage_options, retry=retry)
+        data = read_bytes(path, storage_options=storage_options, retry=retry,
+                          filesystem=filesystem)
         try:
             return json.loads(data.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

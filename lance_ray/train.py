@@ -14,16 +14,26 @@ barrier, so they are all taken at the same global step). On a restart, or a new 
 same ``RunConfig(name, storage_path)``, :func:`get_dataset` merges those states and resumes
 from *them*: the data state that belongs to the model checkpoint Ray Train restores, never
 live progress past it (the restored model never trained on that).
+
+Checkpoints are read straight from their own filesystem, never through
+``Checkpoint.as_directory()``: for a remote checkpoint that downloads into one temporary
+directory per node, shared by the node's workers and deleted when the last reader leaves, and
+a worker that arrives while it is being deleted can be handed it empty. (Seen in CI on S3:
+one of four ranks on one node found no data state, started the epoch over, and the other
+ranks' DDP step waited for it forever.)
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pyarrow.fs as pafs
 
 from . import storage
 from .coordinator.handle import Coordinator
@@ -76,16 +86,44 @@ def run_storage(storage_path: str | Path) -> dict[str, Any]:
 def checkpoint_data_state(checkpoint_dir: str | Path, *,
                           storage_options: StorageOptionsFactory | None = None,
                           merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
-                          = merge_state_dicts) -> dict[str, Any] | None:
+                          = merge_state_dicts,
+                          filesystem: pafs.FileSystem | None = None) -> dict[str, Any] | None:
     """The merged data state stored in a checkpoint directory, a local path or a URI such as
-    ``s3://bucket/runs/my-run/checkpoint_...`` (None if it has none). ``merge`` combines the
-    ranks' states (e.g. ``lancedb.streaming.StreamingDataset.merge_state_dicts`` for states
-    a reference dataset reported)."""
-    files = [p for p in storage.list_files(checkpoint_dir, storage_options=storage_options)
+    ``s3://bucket/runs/my-run/checkpoint_...``, or a path inside ``filesystem`` (None if it
+    has none). ``merge`` combines the ranks' states (e.g.
+    ``lancedb.streaming.StreamingDataset.merge_state_dicts`` for states a reference dataset
+    reported)."""
+    files = [p for p in storage.list_files(checkpoint_dir, storage_options=storage_options,
+                                           filesystem=filesystem)
              if _STATE_RE.search(storage.basename(p))]
     if not files:
         return None
-    return merge([load_state(p, storage_options=storage_options) for p in files])
+    return merge([load_state(p, storage_options=storage_options, filesystem=filesystem)
+                  for p in files])
+
+
+def restored_data_state(merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+                        = merge_state_dicts) -> dict[str, Any] | None:
+    """The merged data state of the checkpoint Ray Train is restoring in this worker, or
+    None when it restores none. Call it inside ``train_loop_per_worker``.
+
+    Raises ``ValueError`` for a checkpoint without a data state: resuming the model while
+    the data starts over would train twice on what the model already saw.
+    """
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    state = checkpoint_data_state(checkpoint.path, merge=merge,
+                                  filesystem=checkpoint.filesystem)
+    if state is None:
+        raise ValueError(
+            f"the checkpoint being restored ({checkpoint.path}) holds no lance_ray data state "
+            f"({STATE_FILE.format(rank='<rank>')}); resuming from it would restart the data "
+            "while the model resumes. Report checkpoints with lance_ray.train.report(metrics, "
+            "dataset) on every rank")
+    return state
 
 
 def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
@@ -101,11 +139,7 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     coord = Coordinator.get(coordinator, namespace)
-    state = None
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = checkpoint_data_state(d)
+    state = restored_data_state()
     if state is None:
         state = coord.initial_state()
     else:
@@ -155,7 +189,11 @@ def load_model_state() -> dict[str, Any] | None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
         return None
-    with checkpoint.as_directory() as d:
-        path = Path(d) / MODEL_FILE
-        # weights_only: a checkpoint must never run code when it is loaded.
-        return torch.load(path, weights_only=True) if path.exists() else None
+    fs, files = checkpoint.filesystem, storage.list_files(checkpoint.path,
+                                                           filesystem=checkpoint.filesystem)
+    model = [p for p in files if storage.basename(p) == MODEL_FILE]
+    if not model:
+        return None
+    # weights_only: a checkpoint must never run code when it is loaded.
+    return torch.load(io.BytesIO(storage.read_bytes(model[0], filesystem=fs)),
+                      weights_only=True)

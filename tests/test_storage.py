@@ -8,6 +8,7 @@ bounded time with a clear error.
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -19,7 +20,13 @@ import pytest
 import lance_ray
 from lance_ray import storage
 from lance_ray.proof.audit import Attempt, SampleLog, lineage, read_attempts
-from lance_ray.train import STATE_FILE, checkpoint_data_state
+from lance_ray.train import (
+    MODEL_FILE,
+    STATE_FILE,
+    checkpoint_data_state,
+    load_model_state,
+    restored_data_state,
+)
 
 
 def test_a_string_with_an_unknown_scheme_is_an_error_never_a_local_path(tmp_path,
@@ -90,6 +97,47 @@ def test_states_and_checkpoint_data_states_round_trip_on_s3(s3, table_1k, tmp_pa
     assert lance_ray.load_state(f"{s3}/merged.json") == merged
     assert checkpoint_data_state(f"{s3}/no-such-checkpoint") is None
     assert not list(tmp_path.iterdir())  # nothing landed on the local disk
+
+
+def test_a_restored_checkpoint_is_read_from_the_store_never_from_a_shared_temp_dir(
+        s3, table_1k, tmp_path, monkeypatch):
+    """Ray's ``Checkpoint.as_directory()`` downloads into one temp dir per node and deletes
+    it when the last reader leaves; a rank arriving then is handed it empty (seen in CI: that
+    rank started the epoch over and DDP hung). The race cannot be forced on demand, so
+    ``as_directory`` is replaced by its outcome, an empty directory: the restore must not
+    care, because it reads the checkpoint's files from its own filesystem."""
+    import contextlib
+
+    import ray.train
+    import torch
+
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=4, reader="local")
+    next(ds.iter_batches(8))
+    ckpt = f"{s3}/checkpoint_000002"
+    lance_ray.save_state(storage.join(ckpt, STATE_FILE.format(rank=0)), ds.state_dict())
+    model = {"w": torch.arange(6.0).reshape(2, 3)}
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    storage.write_bytes_atomic(storage.join(ckpt, MODEL_FILE), buf.getvalue())
+    checkpoint = ray.train.Checkpoint(ckpt.removeprefix("s3://"),
+                                      filesystem=storage.s3_filesystem_from_env())
+    empty = tmp_path / "emptied-by-another-rank"
+    empty.mkdir()
+    monkeypatch.setattr(ray.train.Checkpoint, "as_directory",
+                        lambda self: contextlib.nullcontext(str(empty)))
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: checkpoint)
+    assert restored_data_state() == lance_ray.merge_state_dicts([ds.state_dict()])
+    assert torch.equal(load_model_state()["w"], model["w"])
+
+    only_model = ray.train.Checkpoint(storage.join(ckpt, "no-state").removeprefix("s3://"),
+                                      filesystem=checkpoint.filesystem)
+    storage.write_bytes_atomic(storage.join(ckpt, "no-state", MODEL_FILE), buf.getvalue())
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: only_model)
+    with pytest.raises(ValueError, match=r"holds no lance_ray data state.*lance_ray\.train"
+                                         r"\.report"):
+        restored_data_state()  # never a silent restart of the data under a resumed model
+    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
+    assert restored_data_state() is None and load_model_state() is None
 
 
 def test_sample_logs_on_s3_rebuild_the_steps_the_model_descends_from(s3):

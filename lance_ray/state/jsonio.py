@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from ..storage import StorageOptionsFactory, read_json, write_json_atomic
 from .packed import check_state
 
@@ -21,8 +23,10 @@ def save_state(path: str | os.PathLike[str], state: dict, *,
 
 
 def load_state(path: str | os.PathLike[str], *,
-               storage_options: StorageOptionsFactory | None = None) -> dict[str, Any]:
-    """Read and validate a state written by :func:`save_state` (local path or URI)."""
-    state = read_json(path, storage_options=storage_options)
+               storage_options: StorageOptionsFactory | None = None,
+               filesystem: pafs.FileSystem | None = None) -> dict[str, Any]:
+    """Read and validate a state written by :func:`save_state` (local path or URI, or a
+    path inside ``filesystem``)."""
+    state = read_json(path, storage_options=storage_options, filesystem=filesystem)
     check_state(state)
     return state
