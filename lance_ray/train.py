@@ -25,7 +25,9 @@ ranks' DDP step waited for it forever.)
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import re
 import tempfile
@@ -133,6 +135,8 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
     With no checkpoint the run starts the coordinator's epoch from its beginning (a model
     that starts from scratch must see every sample). ``view_kwargs`` go to
     :meth:`StreamingDataset.from_coordinator` (``columns``, ``transform``, ``reader``, ...).
+    Call it on every rank: the ranks check that they restore the same state (a rank that
+    resumed elsewhere would otherwise leave the others waiting in a collective).
     """
     import ray.train
 
@@ -145,10 +149,23 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
     else:
         logger.info("rank %d resumes from the checkpoint's data state at global step %s",
                     rank, state["lance_ray"]["global_step"])
+    _check_ranks_agree(state, rank)
     coord.load_state_dict(state)  # idempotent: every rank restores the same state
     ds = coord.view(rank, world_size, **view_kwargs)
     ds.load_state_dict(state)
     return ds
+
+
+def _check_ranks_agree(state: dict[str, Any], rank: int) -> None:
+    from ray.train.collective import broadcast_from_rank_zero
+
+    mine = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+    ours = broadcast_from_rank_zero(mine if rank == 0 else None)
+    if mine != ours:
+        raise RuntimeError(
+            f"rank {rank} restores a different data state (global step "
+            f"{state['lance_ray']['global_step']}) than rank 0 does; the ranks of one group "
+            "must resume from one checkpoint. Refusing to train: its steps would not line up")
 
 
 def report(metrics: dict[str, Any], dataset: StreamingDataset, *,

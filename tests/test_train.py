@@ -96,3 +96,29 @@ def test_a_run_on_s3_crashes_and_resumes_on_another_world_size_exactly_once(ray_
     assert any("checkpoint_" in d for d in storage.list_dirs(run_dir))  # Ray Train's, on S3
     assert storage.exists(f"{run_dir}/coordinator/{name}/coordinator.json")
     assert_no_credentials(run_dir)  # checkpoints, Ray Train's own files, ledger, logs
+
+
+def _resume_at_own_rank(config: dict) -> None:
+    import lance_ray.train as lt
+
+    rank = ray.train.get_context().get_world_rank()
+    lt._check_ranks_agree({"lance_ray": {"global_step": 4 * rank}}, rank)
+
+
+def test_ranks_that_would_resume_from_different_states_fail_the_start_not_hang(
+        ray_session, tmp_path):
+    """A rank that restored another state (e.g. found its checkpoint empty) would train
+    other steps than its peers, whose DDP collectives would then wait for it until gloo
+    times out (30 min); the ranks compare what they restore and refuse instead."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        _resume_at_own_rank,
+        scaling_config=ray.train.ScalingConfig(num_workers=2,
+                                               resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(name="disagree", storage_path=str(tmp_path),
+                                       failure_config=ray.train.FailureConfig(max_failures=0)))
+    with pytest.raises(Exception, match=r"rank 1 restores a different data state \(global "
+                                        r"step 4\) than rank 0"):
+        trainer.fit()
