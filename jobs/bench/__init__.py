@@ -4,7 +4,7 @@
     ray job submit --working-dir . -- python -m jobs.bench --out /abs/path/runs/bench
 
 One run measures, side by side on the same generated table (int64 id, int64 label, float32
-x, 64 x float32 vector; ``jobs/make_table.create_table``), for a full shuffle and for
+x, 64 x float32 vector; ``lance_ray.testing.tables.create_table``), for a full shuffle and for
 ``shuffle_clump_size=1024``, batch size 256, ``num_splits=8``:
 
 1. lance_ray's batch path ``StreamingDataset(...).iter_batches(256)``, ``reader="ray"`` (the
