@@ -26,7 +26,7 @@ class LocalReader:
     With ``as_tensors`` (and no transform) each chunk is converted to ``Columns`` there too,
     the reordering to plan order folded into the one copy the conversion makes anyway; with
     ``documents`` (packed views) it is arranged by split there.
-    Two reads run at once (two takes of clumped rows measured 1.5x one), but a transform
+    Two reads run at once (two takes overlap their I/O), but a transform
     runs on ``transform_threads`` threads (default one: user code need not be thread-safe).
     """
 

@@ -101,18 +101,17 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
-            (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
+            (``db://``) table in Ray tasks and DataLoader workers (docs/remote-tables.md).
         ray_remote_args: extra arguments for the Ray Data read and transform tasks.
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
-            build step at any table size, with its own order and checkpoints (README,
-            "Scale").
+            build step at any table size, with its own order and checkpoints (docs/plans.md).
         io_queue_depth, transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.view.compat` for what each means here.
         pack_sequences, eos_id, pad_id, blocks_per_epoch, pack_position_ids, pack_cu_seqlens:
-            sequence packing, as in the reference (README "Sequence packing"): items and
+            sequence packing, as in the reference (docs/packing.md): items and
             batches are ``{"input_ids", "doc_ids"}`` LongTensors of ``pack_sequences`` tokens.
     """
 
@@ -375,9 +374,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
 
         Without a transform a batch is ``{column: tensor}`` from Arrow, no Python object per
         row: fixed-size lists are 2-D; list-of-number and binary columns are ``{"values",
-        "offsets" (int64, rows + 1, from 0), "valid"}`` tensors (README: "What a batch
-        holds"); strings stay lists. With a transform, ``collate_fn`` (default torch's
-        ``default_collate``; items stacked where it ran give its result) collates the items.
+        "offsets" (int64, rows + 1, from 0), "valid"}`` tensors (docs/transforms.md); strings
+        stay lists. With a transform, ``collate_fn`` (default torch's ``default_collate``;
+        items stacked where it ran give its result) collates the items.
         Each batch is committed when it is handed over (``state_dict()`` is exact). Under
         ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
         smaller (an empty list if none is left) and every rank yields the same number of

@@ -35,8 +35,8 @@ class _BatchSource(TravelsByValue, IterableDataset):
     """What each DataLoader worker iterates: its share of the rank's batches, collated.
 
     Batches travel in groups of ``group`` consecutive batches (one message each: torch's
-    worker-to-trainer transfer costs about a millisecond per tensor, measured, so 256-row
-    batches sent one by one cap a loader at ~80k rows/s here). Worker ``w`` of ``k`` makes
+    worker-to-trainer transfer has a fixed cost per tensor, so small batches sent one by one
+    would cap a loader's rows/s). Worker ``w`` of ``k`` makes
     groups ``w, w+k, ...`` of the one rank sequence; torch's in-order loader returns them
     round-robin, i.e. in sequence order, so the batches (and every global step) are the
     same for any ``num_workers``.

@@ -3,7 +3,7 @@
 ``reader="auto"`` (the default) reads through Ray Data when this process is connected to a
 Ray cluster (``ray.init()`` was called, or it is a Ray task, actor or job driver, or
 ``RAY_ADDRESS`` names one), and in this process otherwise: starting a Ray cluster just to
-read costs seconds (5 s to 30 s to the first batch here, most of it ``ray.init``), while the
+read costs seconds to the first batch (most of it ``ray.init``), while the
 local reader gives its first batch in a fraction of a second. Both readers give the same
 sequence and the same states, so the choice changes only where the reads run.
 """
