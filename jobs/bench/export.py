@@ -7,7 +7,7 @@ from typing import Any
 
 from .configs import BATCH, CLUMP, DIM, SPLITS
 from .formats import label_of
-from .packing import PACK_BATCH, PACK_LEN, PACK_MEAN_LEN
+from .packing import PACK_BATCH, PACK_DOCS, PACK_LEN, PACK_MEAN_LEN
 from .results import result
 
 COMMAND = "python -m jobs.bench"
@@ -72,6 +72,9 @@ def exported(results: list[dict[str, Any]], analysis: dict[str, Any], args: Any,
                 "x scan: against a sequential scan of the token column (no packing, no "
                 "tensors); x take: against Lance's takes of every row in random order, what a "
                 "full shuffle reads.",
+                *(["Short epochs (fewer documents than the default): the first block's "
+                   "start-up (plan, token count, first read) dominates tokens/s; compare "
+                   "the first-block seconds too."] if args.pack_docs < PACK_DOCS else []),
             ]))
     tx = [r for r in results if r["config"].get("transform") and "error" not in r]
     if tx:
