@@ -116,3 +116,25 @@ def test_every_lance_ray_import_the_pages_show_imports() -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+
+
+def test_the_performance_page_and_the_readme_table_are_rendered_from_the_bench_json(
+        tmp_path) -> None:
+    from jobs.bench.performance import readme_table, render
+
+    assert (REPO / "docs" / "performance.md").read_text() == render(REPO / "docs" / "bench"), (
+        "docs/bench changed: run python -m jobs.bench.performance")
+    import json
+
+    table = readme_table(json.loads((REPO / "docs" / "bench" / "throughput.json").read_text()))
+    assert table in (REPO / "README.md").read_text(), "run python -m jobs.bench.performance"
+
+
+def test_bench_results_name_their_machine_command_and_date() -> None:
+    import json
+
+    for path in sorted((REPO / "docs" / "bench").glob("*.json")):
+        r = json.loads(path.read_text())
+        assert r["name"] == path.stem and r["machine"] and r["command"].startswith("python -m ")
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", r["date"]), path
+        assert all(len(row) == len(r["columns"]) for row in r["rows"]), path
