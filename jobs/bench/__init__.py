@@ -45,7 +45,8 @@ Writes ``<out>/bench.json``, ``<out>/bench.png`` and per-configuration logs unde
 ``<out>/logs``, and the shared-format results (``throughput``, ``packing``, ``transforms``,
 ``cold-start``, ``memory``) to ``--json-out`` (``docs/bench``), which
 ``python -m jobs.bench.performance`` renders into docs/performance.md; prints progress and
-the tables. The cases are registered by group in :mod:`jobs.bench.cases`. The tables live in ``<out>/db`` and are
-reused by later runs when rows, dim and fragments match. Under ``ray job submit`` pass an
-absolute ``--out`` (the job's working directory is a temporary copy).
+the tables. The cases are registered by group in :mod:`jobs.bench.cases`. The tables live
+in ``<out>/db`` and are reused by later runs when rows, dim and fragments match. Under
+``ray job submit`` pass an absolute ``--out`` (the job's working directory is a temporary
+copy).
 """
