@@ -13,6 +13,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch.utils.data import get_worker_info
@@ -27,7 +28,7 @@ from ..read.transform import Failed, Skipped
 from ..stream.order import RankStream
 from ..stream.survivors import Interleaver
 from .compat import current_worker, worker_share
-from .iteration import CONCURRENT, Lease, Survivor, every_row, timed
+from .iteration import CONCURRENT, Commits, Lease, Survivor, every_row, timed
 from .readers import make_reader
 from .stats import progress_bar
 
@@ -97,13 +98,22 @@ class Pass:
     def deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float, *,
                 batches: int, survivors: list[tuple[int, int]] | None = None) -> None:
         """Commit ``size`` sample slots (or exactly the ``survivors``) as consumed, unless
-        the pass was superseded."""
+        the pass was superseded, when the batch is handed over (``Commits``)."""
+        self.view._on_handover(partial(self._deliver, size, cost, skipped, wait_s, batches,
+                                       survivors))
+
+    def _deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float,
+                 batches: int, survivors: list[tuple[int, int]] | None) -> None:
         self.view._check_generation(self.generation)
         self.view._delivered(size, cost, skipped, wait_s, batches=batches,
                              survivors=survivors)
 
     def finished(self) -> None:
-        """The pass read its stream to the end: the next iteration starts the next epoch."""
+        """The pass read its stream to the end: the next iteration starts the next epoch
+        (once the last batch is handed over)."""
+        self.view._on_handover(self._finished)
+
+    def _finished(self) -> None:
         view = self.view
         view._cursor.ended = self.generation == view._cursor.generation
 
@@ -113,7 +123,7 @@ class Pass:
             view._gauge.stop()
 
 
-class Reading:
+class Reading(Commits):
     """Reading and delivering, for :class:`~lance_ray.view.dataset.StreamingDataset`."""
 
     _options: ReferenceOptions
