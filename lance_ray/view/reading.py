@@ -160,11 +160,13 @@ class Reading(Commits):
 
     def _reader(self, in_worker: bool, as_tensors: bool,
                 documents: DocumentReads | None = None) -> LocalReader | RayDataReader:
+        info = get_worker_info()
         return make_reader("local" if in_worker else self._reader_kind, self._table,
                            self._columns, self._transform, as_tensors=as_tensors,
                            prefetch=self._prefetch_batches, sizing=self._sizing,
                            threads=self._options.transform_parallelism,
-                           ray_remote_args=self._ray_remote_args, documents=documents)
+                           ray_remote_args=self._ray_remote_args, documents=documents,
+                           processes=1 if info is None else info.num_workers)
 
     def _chunks(self, stream: RankStream, requests: Iterator[ChunkRequest],
                 in_worker: bool, as_tensors: bool,
