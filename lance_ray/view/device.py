@@ -3,9 +3,10 @@
 The device path: a batch's CPU tensors are packed into one reused host buffer (pinned), copied
 to the device with one ``non_blocking`` copy on a side stream, and an event is recorded after
 the copy. When the batch is handed over, the consumer's current stream waits on that event
-(the host never does) and the device memory is marked as used by that stream. The next batch
-is staged, on a thread of its own, before the current one is handed over, so its copy
-overlaps the consumer's step. A host buffer is reused only once the copy that read it is done.
+(the host never does) and the device memory is marked as used by that stream. Batches are
+pulled and staged on threads of their own, a few ahead of the consumer, so the next batch's
+copy runs while the consumer works on the current one. A host buffer is reused only once the
+copy that read it is done.
 
 The pinned-host path (``pin_memory=True`` without a device, torch's DataLoader meaning) hands
 the host buffer itself to the consumer, who may start copies from it that this module cannot
@@ -19,16 +20,18 @@ with stand-ins.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
+from ..read.ahead import ahead
+
 ALIGN = 256  # bytes between tensors packed into one buffer (CUDA kernels like aligned data)
-DEFAULT_SLOTS = 3  # host buffers: the batch handed over, the next one's copy, one to fill
+DEFAULT_SLOTS = 4  # host buffers: the batches staged ahead (DEFAULT_DEPTH + 1), one to fill
 Allocate = Callable[[int], torch.Tensor]  # nbytes -> a 1-D uint8 host tensor
 
 
@@ -201,8 +204,8 @@ class Staged:
 
 @dataclass
 class FeedStats:
-    """Batches handed over, and those for which the consumer had to wait on their staging
-    or copy (on CUDA: the copy's event had not completed when the batch was handed over)."""
+    """Batches handed over, and those whose copy had not finished when they were handed
+    over (on CUDA the consumer's stream then waits on the copy's event)."""
 
     handed: int = 0
     waited: int = 0
@@ -214,7 +217,7 @@ class FeedStats:
 
 @dataclass
 class Stager:
-    """Stages batches on one background thread: into a pool buffer and onto the device
+    """Stages batches (on one thread at a time): into a pool buffer and onto the device
     (``copier`` given), or into a fresh buffer from ``allocate`` (pinned host batches)."""
 
     allocate: Allocate
@@ -225,13 +228,11 @@ class Stager:
     def __post_init__(self) -> None:
         self.pool = None if self.copier is None else HostPool(self.allocate, self.copier,
                                                               self.slots)
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="lance_ray_device")
-
-    def submit(self, batch: Any) -> Future[Staged]:
-        return self.thread.submit(self.stage, batch)
 
     def stage(self, batch: Any) -> Staged:
         tensors = leaves(batch)
+        if not tensors:
+            return Staged(batch)
         offsets, nbytes = layout(tensors)
         if self.pool is None:
             host = self.allocate(nbytes)
@@ -247,59 +248,74 @@ class Stager:
         slot.fence = fence
         return Staged(rebuild(batch, iter(views(out, tensors, offsets))), out, fence)
 
-    def handover(self, staged: Future[Staged]) -> Any:
+    def handover(self, staged: Staged) -> Any:
         """The staged batch, ready for the consumer (its stream ordered after the copy)."""
-        waited = not staged.done()
-        done = staged.result()
-        if self.copier is not None and done.device_bytes is not None:
-            waited = waited or not self.copier.done(done.fence)
-            self.copier.handover(done.device_bytes, done.fence)
         self.stats.handed += 1
-        self.stats.waited += int(waited)
-        return done.batch
-
-    def close(self) -> None:
-        self.thread.shutdown(wait=True, cancel_futures=True)
+        if self.copier is not None and staged.device_bytes is not None:
+            self.stats.waited += int(not self.copier.done(staged.fence))
+            self.copier.handover(staged.device_bytes, staged.fence)
+        return staged.batch
 
 
 # ----------------------------------------------------------------------------- lookahead
 Held = Callable[[], AbstractContextManager[list[Callable[[], None]]]]
-_END = object()
+Changes = list[Callable[[], None]]
+DEFAULT_DEPTH = 2  # batches staged ahead of the one handed over
 
 
-def one_ahead(batches: Iterator[Any], holding: Held, stager: Stager
-              ) -> Generator[Any, None, None]:
-    """``batches`` staged by ``stager``, the next one's staging started before the current
-    one is handed over. ``holding()`` collects the progress changes the source makes while
-    a batch is pulled; they are applied when that batch is handed over (a prefetched batch
-    never counts). An error pulling the next batch is raised after the current one."""
+@dataclass(frozen=True)
+class _End:
+    """The source ended (``error``: by raising it)."""
 
-    def pull() -> tuple[Any, list[Callable[[], None]], BaseException | None]:
-        with holding() as changes:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return _END, changes, None
-            except Exception as exc:  # noqa: BLE001 - raised after the batch before it
-                return _END, changes, exc
-        return stager.submit(batch), changes, None
+    error: BaseException | None = None
 
+
+def one_ahead(batches: Iterator[Any], holding: Held, stager: Stager,
+              depth: int = DEFAULT_DEPTH) -> Generator[Any, None, None]:
+    """``batches`` staged by ``stager``, up to ``depth`` batches ahead of the consumer: the
+    next batch's copy starts before the current one is handed over, and staging keeps going
+    while the consumer works (``batches`` is pulled on a producer thread after its first
+    batch, which is pulled here, where the pass begins).
+
+    ``holding()`` collects the progress changes the source makes while a batch is pulled;
+    the consumer applies them when it hands that batch over (a prefetched batch never
+    counts). An error from the source is raised after the batches before it.
+    """
+
+    def pulls() -> Iterator[tuple[Any, Changes]]:
+        while True:
+            with holding() as changes:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    batch = _End()
+                except Exception as exc:  # noqa: BLE001 - raised after the batches before
+                    batch = _End(exc)
+            yield batch, changes
+            if isinstance(batch, _End):
+                return
+
+    def stage(item: tuple[Any, Changes]) -> tuple[Any, Changes]:
+        batch, changes = item
+        return (batch if isinstance(batch, _End) else stager.stage(batch)), changes
+
+    source = pulls()
     try:
-        staged, changes, error = pull()
-        while staged is not _END:
-            following = pull()
-            out = stager.handover(staged)
-            for change in changes:
-                change()
-            yield out
-            staged, changes, error = following
-        for change in changes:  # the source's own end (its epoch is read to the end)
-            change()
-        if error is not None:
-            raise error
+        first = next(source)
+        staged = ahead(stage, itertools.chain([first], source), depth, 1)
+        try:
+            for ready, changes in staged:
+                out = None if isinstance(ready, _End) else stager.handover(ready)
+                for change in changes:
+                    change()
+                if isinstance(ready, _End):
+                    if ready.error is not None:
+                        raise ready.error
+                    return
+                yield out
+        finally:
+            staged.close()  # the producer has left ``batches`` when this returns
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
-        stager.close()
-

@@ -237,15 +237,18 @@ class Reading(Commits):
             for split, position, item in zip(splits.tolist(), positions.tolist(),
                                              as_items(chunk.payload)):
                 order.feed(split, position, item, isinstance(item, Failed))
-            dropped = order.dropped - before
-            self._gauge.taken += dropped
-            self._meter.record(0, NO_COST, dropped, 0.0, batches=0, where=self._where)
+            self._on_handover(partial(self._dropped, order.dropped - before))
             cost = chunk.cost
             for split, position, item in order.ready():
                 yield split, position, item, cost
                 cost = NO_COST
             if order.finished:
                 return
+
+    def _dropped(self, rows: int) -> None:
+        """Count ``rows`` failed rows dropped from their splits."""
+        self._gauge.taken += rows
+        self._meter.record(0, NO_COST, rows, 0.0, batches=0, where=self._where)
 
     def _delivered(self, size: int, cost: ReadCost, skipped: int,
                    wait_s: float, *, batches: int,
