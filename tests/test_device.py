@@ -301,14 +301,15 @@ def test_packed_batches_take_the_same_path(tmp_path, monkeypatch):
         assert_same_run(run(ds.iter_batches(4, device=device), ds.state_dict), want)
 
 
-def test_loader_pinning_gives_todays_batches_and_states(table_factory, monkeypatch):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loader_pinning_gives_todays_batches_and_states(table_factory, monkeypatch, workers):
     table = table_factory(300, 3)
     FakeCuda(monkeypatch)
     today = lance_ray.StreamingDataset(table, **KW)
     want = run(lance_ray.StreamingDataLoader(today, batch_size=32), today.state_dict)
     ds = lance_ray.StreamingDataset(table, **KW)
     loader = lance_ray.StreamingDataLoader(ds, batch_size=32, pin_memory=True,
-                                           pin_memory_device="standin")
+                                           pin_memory_device="standin", num_workers=workers)
     assert_same_run(run(loader, ds.state_dict, 0.002), want)
 
 
