@@ -191,6 +191,25 @@ def test_buffers_are_reused_and_grow_only_when_outgrown():
     assert stager.pool.stats.allocations <= 4  # two buffers, each grown once
 
 
+def test_feed_stats_tell_waits_on_copies_from_waits_on_reads():
+    def consume(source: Any, stager: Stager, pause: float) -> None:
+        for _ in one_ahead(source, lambda: contextlib.nullcontext([]), stager):
+            time.sleep(pause)
+
+    late_copies = Stager(pageable, SlowCopier([0.05]), 4)
+    consume((make_batch(i, 4) for i in range(4)), late_copies, 0.01)
+    assert late_copies.stats.handed == 4 and late_copies.stats.waited >= 1
+
+    def slow_reads() -> Any:
+        for i in range(4):
+            time.sleep(0.02)
+            yield make_batch(i, 4)
+
+    quick_copies = Stager(pageable, SlowCopier(), 4)
+    consume(slow_reads(), quick_copies, 0.0)
+    assert (quick_copies.stats.starved, quick_copies.stats.waited) == (4, 0)
+
+
 def test_an_error_reading_the_next_batch_comes_after_the_current_one():
     def source():
         yield make_batch(0, 4)

@@ -35,7 +35,7 @@ SPLITS = 16
 SEED = 0
 STREAMS = (1, 4, 8, 16)
 COLUMNS = ["case", "rows/s", "GB/s", "x best concurrent take", "x reference",
-           "waited on copy (of batches)", "first batch s"]
+           "waited on copy (of batches)", "starved by reads (of batches)", "first batch s"]
 
 
 def cores() -> int:
@@ -181,9 +181,10 @@ def synchronize(device: torch.device | None) -> None:
 
 
 def lance_ray_pass(table: Any, reader: str, device: torch.device | None,
-                   seconds: float) -> tuple[float, float, float | None]:
-    """(steady rows/s after the first batch, first batch s, fraction of batches the
-    consumer waited on their copy) of one full-shuffle pass, bounded by ``seconds``."""
+                   seconds: float) -> tuple[float, float, float | None, float | None]:
+    """(steady rows/s after the first batch, first batch s, fractions of batches the
+    consumer waited on their copy / on their read) of one full-shuffle pass, bounded by
+    ``seconds``."""
     import lance_ray
 
     def view() -> Any:
@@ -207,7 +208,9 @@ def lance_ray_pass(table: Any, reader: str, device: torch.device | None,
     synchronize(device)
     steady = (rows - first_rows) / max(time.perf_counter() - first, 1e-9)
     stats = ds.device_stats
-    return steady, first - started, stats.waited_fraction if stats.handed else None
+    if not stats.handed:
+        return steady, first - started, None, None
+    return steady, first - started, stats.waited_fraction, stats.starved_fraction
 
 
 def reference_pass(table: Any, device: torch.device | None, seconds: float) -> float:
@@ -264,14 +267,15 @@ class Report:
                 "others over the whole timed part.",
                 "x best concurrent take: vs the best of Lance's K-stream takes (reads only), "
                 "the full-shuffle limit of this disk.",
-                "waited on copy: batches whose copy (or staging) had not finished when "
-                "handed over, so the consumer's stream had to wait.",
+                "waited on copy: batches read before the consumer asked for them whose copy "
+                "had not finished when handed over (the consumer's stream waited on it); "
+                "starved by reads: batches the consumer asked for before they were read.",
                 "The reference is stopped after its time bound (it is far slower).",
             ]}
         self.rates: dict[str, float] = {}
 
     def add(self, case: str, rate: float | None, *, waited: float | None = None,
-            first: float | None = None) -> None:
+            starved: float | None = None, first: float | None = None) -> None:
         if rate is not None:
             self.rates[case] = rate
         best = max((r for c, r in self.rates.items() if c.startswith("Lance take, ")
@@ -282,6 +286,7 @@ class Report:
                None if rate is None or not best else round(rate / best, 3),
                None if rate is None or not ref else round(rate / ref, 1),
                None if waited is None else round(waited, 4),
+               None if starved is None else round(starved, 4),
                None if first is None else round(first, 3)]
         self.data["rows"].append(row)
         print(" | ".join(str(x) for x in row), flush=True)
@@ -335,22 +340,24 @@ def main() -> None:
             report.add(f"Lance take, {k} streams (reads only)",
                        lance_takes(uri, rows, k, bound))
         reads = 3 * bound
-        steady, first, waited = lance_ray_pass(table, "local", device, reads)
+        steady, first, waited, starved = lance_ray_pass(table, "local", device, reads)
         report.add("lance_ray local reader, device='cuda'" if cuda else
-                   "lance_ray local reader", steady, waited=waited, first=first)
+                   "lance_ray local reader", steady, waited=waited, starved=starved,
+                   first=first)
         if cores() > 2:
             with two_streams():
-                steady, first, waited = lance_ray_pass(table, "local", device, reads)
+                steady, first, waited, starved = lance_ray_pass(table, "local", device, reads)
             report.add("lance_ray local reader, 2 streams (before)", steady, waited=waited,
-                       first=first)
+                       starved=starved, first=first)
         import ray
 
         ray.init(address="local", num_cpus=cores(), include_dashboard=False,
                  log_to_driver=False)  # a cluster of its own, never another one's
         try:
-            steady, first, waited = lance_ray_pass(table, "ray", device, reads)
+            steady, first, waited, starved = lance_ray_pass(table, "ray", device, reads)
             report.add("lance_ray Ray reader, device='cuda'" if cuda else
-                       "lance_ray Ray reader", steady, waited=waited, first=first)
+                       "lance_ray Ray reader", steady, waited=waited, starved=starved,
+                       first=first)
         finally:
             ray.shutdown()
         report.add("reference + DataLoader(pin_memory=True)" if cuda else "reference",

@@ -21,6 +21,7 @@ with stand-ins.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -204,15 +205,22 @@ class Staged:
 
 @dataclass
 class FeedStats:
-    """Batches handed over, and those whose copy had not finished when they were handed
-    over (on CUDA the consumer's stream then waits on the copy's event)."""
+    """Batches handed over; ``starved``: those the consumer asked for before they were
+    read (it waited on the reads); ``waited``: the others whose copy had not finished when
+    handed over (the copy, not the read, held them up: on CUDA the consumer's stream then
+    waits on the copy's event)."""
 
     handed: int = 0
     waited: int = 0
+    starved: int = 0
 
     @property
     def waited_fraction(self) -> float:
         return self.waited / self.handed if self.handed else 0.0
+
+    @property
+    def starved_fraction(self) -> float:
+        return self.starved / self.handed if self.handed else 0.0
 
 
 @dataclass
@@ -248,11 +256,14 @@ class Stager:
         slot.fence = fence
         return Staged(rebuild(batch, iter(views(out, tensors, offsets))), out, fence)
 
-    def handover(self, staged: Staged) -> Any:
-        """The staged batch, ready for the consumer (its stream ordered after the copy)."""
+    def handover(self, staged: Staged, starved: bool = False) -> Any:
+        """The staged batch, ready for the consumer (its stream ordered after the copy);
+        ``starved``: the consumer asked for it before it was read."""
         self.stats.handed += 1
+        self.stats.starved += int(starved)
         if self.copier is not None and staged.device_bytes is not None:
-            self.stats.waited += int(not self.copier.done(staged.fence))
+            pending = not self.copier.done(staged.fence)
+            self.stats.waited += int(pending and not starved)
             self.copier.handover(staged.device_bytes, staged.fence)
         return staged.batch
 
@@ -260,6 +271,7 @@ class Stager:
 # ----------------------------------------------------------------------------- lookahead
 Held = Callable[[], AbstractContextManager[list[Callable[[], None]]]]
 Changes = list[Callable[[], None]]
+Pulled = tuple[Any, Changes, float]  # a batch (or _End), its progress changes, when read
 DEFAULT_DEPTH = 2  # batches staged ahead of the one handed over
 
 
@@ -282,7 +294,7 @@ def one_ahead(batches: Iterator[Any], holding: Held, stager: Stager,
     counts). An error from the source is raised after the batches before it.
     """
 
-    def pulls() -> Iterator[tuple[Any, Changes]]:
+    def pulls() -> Iterator[Pulled]:
         while True:
             with holding() as changes:
                 try:
@@ -291,21 +303,24 @@ def one_ahead(batches: Iterator[Any], holding: Held, stager: Stager,
                     batch = _End()
                 except Exception as exc:  # noqa: BLE001 - raised after the batches before
                     batch = _End(exc)
-            yield batch, changes
+            yield batch, changes, time.monotonic()
             if isinstance(batch, _End):
                 return
 
-    def stage(item: tuple[Any, Changes]) -> tuple[Any, Changes]:
-        batch, changes = item
-        return (batch if isinstance(batch, _End) else stager.stage(batch)), changes
+    def stage(item: Pulled) -> Pulled:
+        batch, changes, read_at = item
+        return (batch if isinstance(batch, _End) else stager.stage(batch)), changes, read_at
 
     source = pulls()
     try:
+        asked = time.monotonic()
         first = next(source)
         staged = ahead(stage, itertools.chain([first], source), depth, 1)
         try:
-            for ready, changes in staged:
-                out = None if isinstance(ready, _End) else stager.handover(ready)
+            while True:
+                ready, changes, read_at = next(staged)  # the source always ends with _End
+                out = None if isinstance(ready, _End) else stager.handover(
+                    ready, starved=read_at > asked)
                 for change in changes:
                     change()
                 if isinstance(ready, _End):
@@ -313,6 +328,7 @@ def one_ahead(batches: Iterator[Any], holding: Held, stager: Stager,
                         raise ready.error
                     return
                 yield out
+                asked = time.monotonic()
         finally:
             staged.close()  # the producer has left ``batches`` when this returns
     finally:
