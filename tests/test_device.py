@@ -176,7 +176,7 @@ def test_held_batches_stay_intact_seeded_examples(name):
 
 def test_a_pool_that_reuses_buffers_early_is_caught():
     # The check above can fail: a copier that lies about its copies corrupts batches.
-    stager = Stager(pageable, LyingCopier([0.02]), 1)
+    stager = Stager(pageable, LyingCopier([0.3]), 1)
     source = (make_batch(i, 8) for i in range(4))
     outs = list(one_ahead(source, lambda: contextlib.nullcontext([]), stager))
     assert not all(same(o, make_batch(i, 8)) for i, o in enumerate(outs))
@@ -196,8 +196,8 @@ def test_feed_stats_tell_waits_on_copies_from_waits_on_reads():
         for _ in one_ahead(source, lambda: contextlib.nullcontext([]), stager):
             time.sleep(pause)
 
-    late_copies = Stager(pageable, SlowCopier([0.05]), 4)
-    consume((make_batch(i, 4) for i in range(4)), late_copies, 0.01)
+    late_copies = Stager(pageable, SlowCopier([0.3]), 4)
+    consume((make_batch(i, 4) for i in range(4)), late_copies, 0.03)
     assert late_copies.stats.handed == 4 and late_copies.stats.waited >= 1
 
     def slow_reads() -> Any:
