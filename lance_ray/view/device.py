@@ -1,4 +1,4 @@
-"""Batches delivered on a CUDA device, or in pinned host memory, staged one batch ahead.
+"""Batches delivered on a CUDA device, or in pinned host memory, staged ahead.
 
 The device path: a batch's CPU tensors are packed into one reused host buffer (pinned), copied
 to the device with one ``non_blocking`` copy on a side stream, and an event is recorded after

@@ -50,16 +50,16 @@ def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
 
 class Commits:
     """Where a view's progress changes go when a batch is handed over: applied at once, or,
-    while :meth:`holding` is open (a device feed pulling the next batch before it hands the
-    current one over), collected, for the feed to apply when it hands that batch over."""
+    while :meth:`holding` is open (a device feed pulling batches ahead of the consumer),
+    collected, for the feed to apply when it hands that batch over."""
 
     _held: list[Callable[[], None]] | None = None
     _device_stats: FeedStats | None = None
 
     @property
     def device_stats(self) -> FeedStats:
-        """Batches this view handed over on a device (or pinned), and how many of them the
-        consumer had to wait for (their copy had not finished when handed over)."""
+        """Batches this view handed over on a device (or pinned), how many of them the
+        consumer waited for on their copy, and how many on their read (``FeedStats``)."""
         if self._device_stats is None:
             self._device_stats = FeedStats()
         return self._device_stats

@@ -127,7 +127,7 @@ class StreamingDataLoader(DataLoader):
     items, in the worker. A packed dataset (``pack_sequences``) gives the batches of its
     ``iter_batches``: workers read and arrange its documents, this process packs them.
     ``pin_memory=True`` (torch's meaning; ``pin_memory_device`` "" or "cuda[:N]") returns
-    the tensors in pinned host memory, pinned one batch ahead on a thread; without CUDA it
+    the tensors in pinned host memory, pinned a few batches ahead on threads; without CUDA it
     warns as torch does and returns them unpinned.
     """
 
@@ -163,8 +163,8 @@ class StreamingDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the split plan decides the order")
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False is not supported: batches must arrive in order")
-        # Pinned here, one batch ahead, from torch's caching host allocator (torch's own
-        # pinning thread would pin after this process's commit logic saw the batch anyway).
+        # Pinned here, from torch's caching host allocator, by the same feed as
+        # iter_batches(device=); torch's own pinning is left off.
         self._placement = loader_placement(pin_memory, pin_memory_device)
         self._source = _BatchSource(batch_size, collate_fn)
         if num_workers > 0:

@@ -135,7 +135,7 @@ def stager_for(where: Placement, stats: FeedStats, *, allocate: Allocate | None 
 
 def placed(start: Callable[[], Iterator[Any]], where: Placement | None, view: Commits
            ) -> Iterator[Any]:
-    """The batches of ``start()``, placed ``where`` (unchanged when None), one batch ahead,
+    """The batches of ``start()``, placed ``where`` (unchanged when None), a few batches ahead,
     each batch's progress changes applied when it is handed over (``view.holding``)."""
     if where is None:
         return start()
