@@ -366,7 +366,8 @@ def test_pin_memory_without_cuda_warns_like_torch_and_changes_nothing(table_fact
     (lambda: placement("cpu", True), ValueError, "pass device='cuda'"),
     (lambda: placement(None, "yes"), TypeError, "pin_memory must be True, False or None"),
     (lambda: loader_placement(False, "cuda"), ValueError, "pass pin_memory=True"),
-    (lambda: loader_placement(True, "cpu"), ValueError, "move the batches yourself"),
+    (lambda: loader_placement(True, "cpu"), ValueError, "pass '' \\(the current one\\)"),
+    (lambda: loader_placement(True, "mps"), ValueError, "move the batches yourself"),
     (lambda: loader_placement(True, "gpu"), ValueError, "must be None, 'cpu', 'cuda'"),
 ])
 def test_bad_device_arguments_name_the_fix(call, error, match):
@@ -378,6 +379,7 @@ def test_the_cpu_device_and_no_pinning_change_nothing():
     assert placement(None, None) is None
     assert placement("cpu", False) is None
     assert placement(torch.device("cpu")) is None
+    assert placement("cpu:0") is None
     assert loader_placement(False, "") is None
     with pytest.warns(UserWarning, match="no accelerator"):
         assert placement(None, True, cuda=False) is None

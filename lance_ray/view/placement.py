@@ -47,13 +47,13 @@ def _bool_or_none(name: str, value: Any) -> None:
 
 
 def _parse(device: Any, what: str) -> torch.device:
-    """``device`` as a ``torch.device`` of type CUDA; raises naming the fix."""
+    """``device`` as a ``torch.device`` of type CPU or CUDA; raises naming the fix."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"{what} must be None, 'cpu', 'cuda', 'cuda:N' or a torch.device, "
                          f"got {device!r} ({exc})") from None
-    if dev.type != "cuda":
+    if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{what}={device!r}: lance_ray places batches on 'cpu' or CUDA "
                          "devices only; pass device=None and move the batches yourself with "
                          f"tensor.to({str(dev)!r})")
@@ -76,8 +76,9 @@ def placement(device: Any = None, pin_memory: bool | None = None, *,
     without the arguments. ``cuda`` overrides CUDA's availability (tests)."""
     _bool_or_none("pin_memory", pin_memory)
     cuda = _cuda_available() if cuda is None else cuda
-    is_cpu = device is not None and str(device) == "cpu"
-    if device is None or is_cpu:
+    dev = None if device is None else _parse(device, "device")
+    is_cpu = dev is not None and dev.type == "cpu"
+    if dev is None or is_cpu:
         if not pin_memory:
             return None
         if is_cpu:
@@ -88,7 +89,6 @@ def placement(device: Any = None, pin_memory: bool | None = None, *,
             warnings.warn(NO_ACCELERATOR, stacklevel=3)
             return None
         return Placement(None, True)
-    dev = _parse(device, "device")
     if not cuda:
         raise RuntimeError(f"device={device!r} but CUDA is not available (torch "
                            f"{torch.__version__}, torch.cuda.is_available() is False): pass "
@@ -112,6 +112,9 @@ def loader_placement(pin_memory: bool, pin_memory_device: str, *,
     cuda = _cuda_available() if cuda is None else cuda
     if pin_memory_device:
         dev = _parse(pin_memory_device, "pin_memory_device")
+        if dev.type != "cuda":
+            raise ValueError(f"pin_memory_device={pin_memory_device!r}: pinned memory is for "
+                             "copies to a CUDA device; pass '' (the current one) or 'cuda:N'")
         if cuda:
             _indexed(dev, "pin_memory_device")
     if not pin_memory:
