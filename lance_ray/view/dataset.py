@@ -42,13 +42,13 @@ from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
 from .pack_args import attached_packing, pack_options, refuse_unsupported
 from .packed import PackedView
+from .placement import placed, placement
 from .properties import ViewProperties
 from .readers import choose_reader, read_sizing
 from .reading import Reading
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
-
 
 
 class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
@@ -368,8 +368,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         """Yield samples one by one: dicts of Python values, or the transform's items."""
         return leased(self._packed_items if self._packing else self._samples)
 
-    def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
-                     ) -> Iterator[Any]:
+    def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None,
+                     device: Any = None, pin_memory: bool | None = None) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short).
 
         Without a transform a batch is ``{column: tensor}`` from Arrow, no Python object per
@@ -381,9 +381,14 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
         smaller (an empty list if none is left) and every rank yields the same number of
         batches; under ``"skip"`` every batch but the last is full.
+
+        ``device="cuda[:N]"``: tensors arrive on that GPU, copied from reused pinned buffers
+        on a side stream, the next batch's copy started before this one is handed over
+        (``pin_memory=False`` stages in ordinary memory); ``"cpu"`` changes nothing.
+        ``pin_memory=True`` alone gives pinned host tensors (docs/gpu.md).
         """
         positive_int("batch_size", batch_size)
+        where = placement(device, pin_memory)
         run = self._packed_batches if self._packing else self._batches
-        return leased(lambda lease: run(lease, batch_size, collate_fn))
-
-
+        return leased(lambda lease: placed(lambda: run(lease, batch_size, collate_fn), where,
+                                           self))

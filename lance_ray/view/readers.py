@@ -76,12 +76,14 @@ def make_reader(kind: str, table: TableRef, columns: list[str] | None,
                 transform: TransformPolicy | None, *, as_tensors: bool, prefetch: int,
                 sizing: ReadSizing, threads: int | None,
                 ray_remote_args: dict[str, Any] | None,
-                documents: DocumentReads | None = None) -> LocalReader | RayDataReader:
-    """The reader of kind ``kind`` (``"ray"`` or ``"local"``)."""
+                documents: DocumentReads | None = None,
+                processes: int = 1) -> LocalReader | RayDataReader:
+    """The reader of kind ``kind`` (``"ray"`` or ``"local"``); a local reader shares the
+    cores with ``processes - 1`` others (DataLoader workers)."""
     if kind == "local":
         return LocalReader(table, columns, transform, as_tensors=as_tensors,
                            prefetch=prefetch, transform_threads=threads, sizing=sizing,
-                           documents=documents)
+                           documents=documents, processes=processes)
     return RayDataReader(table, columns, transform, as_tensors=as_tensors,
                          prefetch_batches=prefetch, ray_remote_args=ray_remote_args,
                          transform_tasks=threads, sizing=sizing, documents=documents)
