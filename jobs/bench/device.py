@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,10 @@ BATCH = 4096
 SPLITS = 16
 SEED = 0
 STREAMS = (1, 4, 8, 16)
+# A stand-in training step for the cases with a consumer that works: shorter than a batch's
+# share of the disk's full-shuffle limit, so the reads stay the bound and the question is only
+# whether each batch's copy was done when the step before it ended.
+STEP_MS = 15.0
 COLUMNS = ["case", "rows/s", "GB/s", "x best concurrent take", "x reference",
            "waited on copy (of batches)", "starved by reads (of batches)", "first batch s"]
 
@@ -179,11 +183,32 @@ def synchronize(device: torch.device | None) -> None:
         torch.cuda.current_stream(device).synchronize()
 
 
+def gpu_step(device: torch.device, ms: float) -> Callable[[], None]:
+    """A stand-in training step: ``ms`` of GPU work on the consumer's stream, then the host
+    waits for it (as ``loss.item()`` does), so the next batch is asked for after it."""
+    cycles = 10_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)  # warm
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    per_ms = cycles / max(start.elapsed_time(end), 1e-6)
+
+    def step() -> None:
+        torch.cuda._sleep(int(per_ms * ms))
+        torch.cuda.current_stream(device).synchronize()
+
+    return step
+
+
 def lance_ray_pass(table: Any, reader: str, device: torch.device | None, seconds: float,
-                   warm: bool = True) -> tuple[float, float, float | None, float | None]:
+                   warm: bool = True, step: Callable[[], None] | None = None
+                   ) -> tuple[float, float, float | None, float | None]:
     """(steady rows/s after the first batch, first batch s, fractions of batches the
     consumer waited on their copy / on their read) of one full-shuffle pass, bounded by
-    ``seconds``; ``warm``: after a first pass that starts Ray's workers (skipped by --small)."""
+    ``seconds``; ``warm``: after a first pass that starts Ray's workers (skipped by --small);
+    ``step``: the consumer's work per batch (none: it asks for the next batch at once)."""
     import lance_ray
 
     def view(filter: str | None = None) -> Any:
@@ -200,6 +225,8 @@ def lance_ray_pass(table: Any, reader: str, device: torch.device | None, seconds
     rows, first, first_rows = 0, 0.0, 0
     for batch in ds.iter_batches(BATCH, device=device):
         rows += len(batch["v"])
+        if step is not None:
+            step()
         if not first:
             first, first_rows = time.perf_counter(), rows
         if time.perf_counter() - started > seconds:
@@ -270,6 +297,10 @@ class Report:
                 "had not finished when handed over (the consumer's stream waited on it); "
                 "starved by reads: batches the consumer asked for before they were read.",
                 "The reference is stopped after its time bound (it is far slower).",
+                f"'{STEP_MS:g} ms GPU step': the consumer runs that much GPU work per batch "
+                "and waits for it (as loss.item() does) before asking for the next batch; "
+                "the cases without it ask at once, so a burst of batches arriving together "
+                "is handed over as fast as it is staged and counts as waited.",
             ]}
         self.rates: dict[str, float] = {}
 
@@ -308,6 +339,7 @@ def main() -> None:
     p.add_argument("--out", default="docs/bench")
     p.add_argument("--rows", type=int, default=None, help="default 500,000 (--small 20,000)")
     p.add_argument("--small", action="store_true", help="a quick run (< 60 s on 2 cores)")
+    p.add_argument("--machine", default=None, help="the machine's name in the results")
     p.add_argument("--db", default=None, help="where the table is written (default: a "
                    "temporary folder, removed at the end)")
     args = p.parse_args()
@@ -320,8 +352,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
-    machine = (f"{cores()}-core {torch.cuda.get_device_name(device)} machine" if cuda
-               else f"{cores()}-core dev VM, no GPU (reads only, no copy)")
+    gpu = torch.cuda.get_device_name(device) if cuda else None
+    machine = args.machine or (f"{cores()}-core {gpu} machine" if cuda
+                               else f"{cores()}-core dev VM, no GPU (reads only, no copy)")
     command = "python -m jobs.bench.device" + (" --small" if args.small else "") + (
         f" --rows {args.rows}" if args.rows else "")
     report = Report(out, machine, command, rows)
@@ -346,6 +379,11 @@ def main() -> None:
         report.add("lance_ray local reader, device='cuda'" if cuda else
                    "lance_ray local reader", steady, waited=waited, starved=starved,
                    first=first)
+        if device is not None:
+            steady, first, waited, starved = lance_ray_pass(
+                table, "local", device, reads, step=gpu_step(device, STEP_MS))
+            report.add(f"lance_ray local reader, device='cuda', {STEP_MS:g} ms GPU step",
+                       steady, waited=waited, starved=starved, first=first)
         if cores() > 2:
             with two_streams():
                 steady, first, waited, starved = lance_ray_pass(table, "local", device, reads)
@@ -361,6 +399,11 @@ def main() -> None:
             report.add("lance_ray Ray reader, device='cuda'" if cuda else
                        "lance_ray Ray reader", steady, waited=waited, starved=starved,
                        first=first)
+            if device is not None:
+                steady, first, waited, starved = lance_ray_pass(
+                    table, "ray", device, reads, warm=False, step=gpu_step(device, STEP_MS))
+                report.add(f"lance_ray Ray reader, device='cuda', {STEP_MS:g} ms GPU step",
+                           steady, waited=waited, starved=starved, first=first)
         finally:
             ray.shutdown()
         report.add("reference + DataLoader(pin_memory=True)" if cuda else "reference",
