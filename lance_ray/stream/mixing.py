@@ -158,13 +158,21 @@ class Schedule:
         return q * self.period + j - 1
 
 
-def end_step(schedule: Schedule, remaining: Sequence[int], *, stop: str) -> int:
-    """Steps of a phase in which source ``i`` has ``remaining[i]`` samples on the rank with
-    the fewest (``first_exhausted``: the phase ends at the first step whose source has
-    none left) or the most (``all_exhausted``: it ends once every source was drawn that
-    often)."""
+def end_step(schedule: Schedule, remaining: Sequence[int], *, stop: str, start: int = 0,
+             whole: Sequence[bool] | None = None) -> int:
+    """The step at which a phase at step ``start`` ends, when source ``i`` has
+    ``remaining[i]`` samples left (on the rank with the fewest, for ``first_exhausted``).
+
+    ``first_exhausted``: at the first step whose source has none left. ``all_exhausted``:
+    once every source not yet read ``whole`` has delivered its remaining samples (a source
+    that runs out before then starts its next pass, so it never limits the phase).
+    """
+    counts = schedule.counts(start)
     if stop == "first_exhausted":
-        return min(schedule.step_of(i, r + 1) for i, r in enumerate(remaining))
+        return min(schedule.step_of(i, c + r + 1) for i, (c, r) in
+                   enumerate(zip(counts, remaining)))
     if stop == "all_exhausted":
-        return max((schedule.step_of(i, r) + 1 for i, r in enumerate(remaining) if r), default=0)
+        whole = whole or [False] * len(remaining)
+        return max((schedule.step_of(i, c + r) + 1 for i, (c, r, w) in
+                    enumerate(zip(counts, remaining, whole)) if r and not w), default=start)
     raise ValueError(f"stop must be 'first_exhausted' or 'all_exhausted', got {stop!r}")
