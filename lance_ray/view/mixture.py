@@ -288,9 +288,9 @@ class MixtureDataset(IterableDataset):
                     yield out
             self._ended = generation == self._generation
         finally:
-            for b in buffers:
-                if b is not None:
-                    b.close()
+            for buf in buffers:
+                if buf is not None:
+                    buf.close()
 
     def _deliver(self, i: int, n: int, p: Pass | None, b: SourceBuffer) -> None:
         assert p is not None
