@@ -32,6 +32,7 @@ SOURCE_FIXES = {
     "table": "pass the checkpoint's sources, in the checkpoint's order",
     "table_version": "open each source at the checkpoint's version (Source(table_version=...))",
     "filter": "give each source the checkpoint's filter",
+    "rows": "pass the checkpoint's sources, in the checkpoint's order (these rows differ)",
     "weight": "give the sources the checkpoint's weights (their proportions must match)",
 }
 
@@ -53,7 +54,8 @@ def make_mixture_state(meta: dict[str, Any], *, epoch: int, world_size: int, ran
 
 def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop: str,
                  num_splits: int, shuffle_seed: int) -> dict[str, Any]:
-    """What identifies a mixture: ``sources`` are ``{"table", "table_version", "filter"}``."""
+    """What identifies a mixture: ``sources`` are ``{"table", "table_version", "filter",
+    "rows"}`` (rows after the filter)."""
     return {"sources": [{**s, "weight": int(w)} for s, w in zip(sources, weights)],
             "stop": stop, "num_splits": num_splits, "shuffle_seed": shuffle_seed}
 

@@ -119,7 +119,8 @@ class MixtureDataset(IterableDataset):
         self._stop, self._rank, self._world_size = stop, rank, world_size
         self._meta = mixture_meta(
             [{"table": v._table.uri.rstrip("/").rsplit("/", 1)[-1],
-              "table_version": v._table.version, "filter": s.filter}
+              "table_version": v._table.version, "filter": s.filter,
+              "rows": v._plan.total_rows}
              for s, v in zip(sources, self._views)],
             weights, stop, num_splits, shuffle_seed)
         self._begin_epoch(epoch)
