@@ -163,6 +163,33 @@ class MixtureDataset(IterableDataset):
                 "use stop='first_exhausted'")
 
     @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def epoch(self) -> int:
+        """The mixture epoch being read."""
+        return self._epoch
+
+    @property
+    def global_step(self) -> int:
+        """Batches this rank delivered in the current epoch (checkpoints count in them)."""
+        return self._global_step
+
+    @property
+    def num_splits(self) -> int:
+        return int(self._meta["num_splits"])
+
+    @property
+    def sources(self) -> list[StreamingDataset]:
+        """Each source's own view (its plan, stats and state)."""
+        return list(self._views)
+
+    @property
     def samples_remaining(self) -> int:
         """Samples this rank still yields in the current mixture epoch."""
         return self._end - self._step
