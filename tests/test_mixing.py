@@ -237,6 +237,16 @@ def test_states_of_another_mixture_are_refused_naming_the_fix(table_factory):
         ds.load_state_dict(ds._views[0].state_dict())
 
 
+def test_states_save_and_load_as_json_files(table_factory, tmp_path):
+    tables = [table_factory(n) for n in (96, 40)]
+    ds = mixture(tables, [3, 1])
+    head = run(ds, 4, limit=5)
+    lance_ray.save_state(tmp_path / "s.json", ds.state_dict())
+    resumed = mixture(tables, [3, 1])
+    resumed.load_state_dict(lance_ray.load_state(tmp_path / "s.json"))
+    assert head + run(resumed, 4) == run(mixture(tables, [3, 1]), 4)
+
+
 def test_a_state_of_another_table_version_is_refused(tmp_path):
     from conftest import id_rows, write_table
 
