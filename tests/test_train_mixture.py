@@ -9,6 +9,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "jobs"))
 
+import pytest  # noqa: E402
 import ray.cloudpickle  # noqa: E402
 import train_mixture  # noqa: E402
 
@@ -17,6 +18,7 @@ import train_mixture  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(train_mixture)
 
 
+@pytest.mark.slow  # three Ray Train group starts: ~2.5 min on the shared 2-core VM
 def test_mixture_job_crashes_resizes_and_trains_each_source_exactly_once(ray_session, tmp_path):
     result = train_mixture.main(["--workdir", str(tmp_path), "--rows", "800", "--workers", "4",
                                  "--then", "2", "--crash-at-step", "5", "--stop-at-step", "8",
