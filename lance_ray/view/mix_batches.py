@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,14 +19,54 @@ from ..read.batching import Batch
 from ..read.convert import Columns, Ragged, gather_rows
 from ..read.items import as_items
 from ..read.requests import NO_COST, ReadCost
+from ..stream.mixing import Schedule
 
 SOURCE_KEY = "source"
+
+
+@dataclass
+class MixBatch:
+    """Batch ``index`` of an iteration: the source of each of its steps, and per source the
+    ``(pass, lo, hi)`` samples it takes of that pass's stream (offsets from where the
+    iteration found the pass; a later pass from its start)."""
+
+    index: int
+    sources: np.ndarray
+    segments: list[list[tuple[int, int, int]]]
+
+
+def plan_batches(schedule: Schedule, step: int, end: int, batch_size: int,
+                 left: Sequence[int], pass_len: Sequence[int], passes: Sequence[int]
+                 ) -> Iterator[MixBatch]:
+    """The batches of steps ``step .. end-1``; source ``i`` has ``left[i]`` samples left of
+    its pass ``passes[i]``, and a fresh pass has ``pass_len[i]``."""
+    left, passes = list(left), list(passes)
+    offset = [0] * len(left)
+    index = 0
+    while step < end:
+        sources = schedule.sources(step, min(step + batch_size, end))
+        segments: list[list[tuple[int, int, int]]] = []
+        for i, c in enumerate(np.bincount(sources, minlength=len(left)).tolist()):
+            mine = []
+            while c:
+                if left[i] == 0:  # all_exhausted: the source's next pass
+                    passes[i], left[i], offset[i] = passes[i] + 1, pass_len[i], 0
+                take = min(c, left[i])
+                mine.append((passes[i], offset[i], offset[i] + take))
+                offset[i] += take
+                left[i] -= take
+                c -= take
+            segments.append(mine)
+        yield MixBatch(index, sources, segments)
+        index += 1
+        step += len(sources)
 
 
 class SourceBuffer:
     """The read-ahead batches of one source's pass, taken from in order."""
 
-    def __init__(self, batches: Iterator[Batch]):
+    def __init__(self, batches: Iterator[Batch], pass_no: int = 0):
+        self.pass_no = pass_no
         self._batches = batches
         self._parts: deque[Any] = deque()
         self.cost: ReadCost = NO_COST  # of the reads that arrived since the last take

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks import positive_int
 from ..plan.splits import check_epoch_seed
+from ..read.requests import NO_COST, ReadCost
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts
 from ..state.mixture import (
@@ -33,7 +33,7 @@ from ..stream.mixing import Schedule, end_step, integer_weights
 from ..topology import valid_world_sizes
 from .dataset import StreamingDataset
 from .iteration import Lease, leased
-from .mix_batches import SourceBuffer, mixed_batch, mixed_items
+from .mix_batches import MixBatch, SourceBuffer, mixed_batch, mixed_items, plan_batches
 from .reading import Pass
 
 logger = logging.getLogger(__name__)
@@ -266,88 +266,106 @@ class MixtureDataset(IterableDataset):
         positive_int("batch_size", batch_size)
         return leased(lambda lease: self._run(lease, batch_size, collate_fn))
 
-    def _run(self, lease: Lease, batch_size: int | None,
-             collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
+    def _roll_over(self) -> None:
+        """Iterating an epoch this view read to its end starts the next one."""
         if self._ended or (self._step >= self._end and self._step > 0):
             logger.info("mixture epoch %d is exhausted on rank %d; starting epoch %d",
                         self._epoch, self._rank, self._epoch + 1)
             self.set_epoch(self._epoch + 1)
-        generation = self._generation
+
+    def _begin(self) -> tuple[int, list[Pass]]:
+        """A new iteration: its generation, and a pass over each source's current pass."""
+        self._roll_over()
+        self._pass_objs = [v.begin_pass(None) for v in self._views]
+        return self._generation, self._pass_objs
+
+    def _plan(self, batch_size: int) -> Iterator[MixBatch]:
+        """The batches from the current step to the phase's end."""
+        return plan_batches(self._schedule, self._step, self._end, batch_size, self._left,
+                            [len(v) for v in self._views], self._passes)
+
+    def _run(self, lease: Lease, batch_size: int | None,
+             collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
+        generation, _ = self._begin()
         as_tensors = batch_size is not None and collate_fn is None
         w = self._schedule.weights
         group = [max(1, -(-(batch_size or 64) * x // sum(w))) for x in w]
         buffers: list[SourceBuffer | None] = [None] * len(self._views)
-        passes: list[Pass | None] = [None] * len(self._views)
-
-        def buffer(i: int) -> SourceBuffer:
-            if self._left[i] == 0:  # all_exhausted: the source's next pass
-                self._next_pass(i, buffers, passes)
-            b = buffers[i]
-            if b is None:
-                p = passes[i] = self._views[i].begin_pass(None)
-                b = buffers[i] = SourceBuffer(p.read_batches(group[i], as_tensors=as_tensors))
-            return b
-
         try:
-            while self._step < self._end:
-                if generation != self._generation:
-                    raise RuntimeError("this iterator was superseded by load_state_dict() or "
-                                       "set_epoch(); create a new iterator to continue")
-                n = min(batch_size or 1, self._end - self._step)
-                sources = self._schedule.sources(self._step, self._step + n)
-                counts = np.bincount(sources, minlength=len(self._views)).tolist()
+            for mb in self._plan(batch_size or 1):
+                self._check_current(generation)
                 parts: list[list[Any]] = [[] for _ in self._views]
-                for i, c in enumerate(counts):
-                    while c:  # a pass may end within the batch (all_exhausted)
-                        b = buffer(i)
-                        take = min(c, self._left[i])
-                        parts[i] += b.take(take, time.monotonic)
-                        self._deliver(i, take, passes[i], b)
-                        c -= take
+                for i, segments in enumerate(mb.segments):
+                    for pass_no, lo, hi in segments:
+                        self._enter_pass(i, pass_no)
+                        b = buffers[i]
+                        if b is None or b.pass_no != pass_no:
+                            if b is not None:
+                                b.close()
+                            b = buffers[i] = SourceBuffer(self._pass_objs[i].read_batches(
+                                group[i], as_tensors=as_tensors), pass_no)
+                        parts[i] += b.take(hi - lo, time.monotonic)
+                        cost, wait = b.booked()
+                        self._deliver(i, hi - lo, cost, wait)
                 if batch_size is None:
-                    self._step += 1
-                    self._wrap_finished(buffers, passes)
-                    yield mixed_items(parts, sources)[0]
+                    self._stepped(1, batches=0)
+                    yield mixed_items(parts, mb.sources)[0]
                 else:
-                    out = mixed_batch(parts, sources, collate_fn)
-                    self._step += n
-                    self._global_step += 1
-                    self._wrap_finished(buffers, passes)
+                    out = mixed_batch(parts, mb.sources, collate_fn)
+                    self._stepped(len(mb.sources), batches=1)
                     yield out
             self._ended = generation == self._generation
         finally:
             for buf in buffers:
                 if buf is not None:
                     buf.close()
+            self._close_passes()
 
-    def _deliver(self, i: int, n: int, p: Pass | None, b: SourceBuffer) -> None:
-        assert p is not None
-        cost, wait = b.booked()
-        p.deliver(n, cost, 0, wait, batches=0)
+    def _check_current(self, generation: int) -> None:
+        if generation != self._generation:
+            raise RuntimeError("this iterator was superseded by load_state_dict() or "
+                               "set_epoch(); create a new iterator to continue")
+
+    def _commit_batch(self, mb: MixBatch, cost: ReadCost, wait_s: float) -> None:
+        """Count a batch read elsewhere (a DataLoader worker) as delivered, now."""
+        for i, segments in enumerate(mb.segments):
+            for pass_no, lo, hi in segments:
+                self._enter_pass(i, pass_no)
+                self._deliver(i, hi - lo, cost, wait_s)
+                cost, wait_s = NO_COST, 0.0
+        self._stepped(len(mb.sources), batches=1)
+
+    def _close_passes(self) -> None:
+        for p in getattr(self, "_pass_objs", []):
+            p.close()
+        self._pass_objs = []
+
+    def _deliver(self, i: int, n: int, cost: ReadCost, wait_s: float) -> None:
+        self._pass_objs[i].deliver(n, cost, 0, wait_s, batches=0)
         self._left[i] -= n
 
-    def _wrap_finished(self, buffers: list[SourceBuffer | None],
-                       passes: list[Pass | None]) -> None:
-        """A source whose pass is delivered moves on now (before the batch is handed
-        over), so a state taken here already names its next pass."""
+    def _stepped(self, n: int, *, batches: int) -> None:
+        """``n`` steps were delivered. A source whose pass is now delivered moves on at once
+        (all_exhausted), so a state taken here already names its next pass."""
+        self._step += n
+        self._global_step += batches
         if self._stop != "all_exhausted" or self._step >= self._end:
             return
         for i, left in enumerate(self._left):
             if left == 0:
-                self._next_pass(i, buffers, passes)
+                self._enter_pass(i, self._passes[i] + 1)
 
-    def _next_pass(self, i: int, buffers: list[SourceBuffer | None],
-                   passes: list[Pass | None]) -> None:
-        old = buffers[i]
-        if old is not None:
-            old.close()
-        buffers[i] = passes[i] = None
+    def _enter_pass(self, i: int, pass_no: int) -> None:
+        if pass_no == self._passes[i]:
+            return
         view = self._views[i]
-        self._passes[i] += 1
+        self._passes[i] = pass_no
         self._whole[i] = True
         logger.info("mixture source %d was read whole on rank %d; starting its pass %d",
-                    i, self._rank, self._passes[i])
-        view.set_epoch(self._passes[i])
+                    i, self._rank, pass_no)
+        self._pass_objs[i].close()
+        view.set_epoch(pass_no)
+        self._pass_objs[i] = view.begin_pass(None)
         self._left[i] = len(view)
 
 
