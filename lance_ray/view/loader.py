@@ -127,6 +127,13 @@ class StreamingDataLoader(DataLoader):
     ``iter_batches``: workers read and arrange its documents, this process packs them.
     """
 
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if getattr(dataset, "is_mixture", False):  # a MixtureDataset: its own loader
+            from .mix_loader import MixtureDataLoader
+
+            return MixtureDataLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
                  persistent_workers: bool = False, **kwargs: Any) -> None:

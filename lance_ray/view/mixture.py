@@ -81,6 +81,7 @@ class MixtureDataset(IterableDataset):
     """
 
     merge_state_dicts = staticmethod(merge_state_dicts)
+    is_mixture = True  # StreamingDataLoader gives a mixture its own loader
 
     def __init__(self, sources: Sequence[Source], *, num_splits: int | None = None,
                  shuffle: bool = True, shuffle_seed: int = 0, epoch: int = 0, rank: int = 0,
