@@ -152,6 +152,34 @@ def mixed_items(parts: Sequence[list[Any]], sources: np.ndarray) -> list[dict[st
     return [tagged(next(its[s]), s) for s in sources.tolist()]
 
 
+def scattered(parts: Sequence[list[Columns]], sources: np.ndarray) -> dict[str, Any] | None:
+    """The rows of each source's ``Columns`` parts written straight to their steps' places
+    (one copy), when every column is a tensor; else None."""
+    import torch
+
+    first = next(p[0] for p in parts if p)
+    if not all(isinstance(v, torch.Tensor) for v in first.data.values()):
+        return None
+    out = {name: torch.empty((len(sources), *v.shape[1:]), dtype=v.dtype)
+           for name, v in first.data.items()}
+    for i, ps in enumerate(parts):
+        if not ps:
+            continue
+        places = torch.from_numpy(np.flatnonzero(sources == i))
+        at = 0
+        for part in ps:
+            if part.data.keys() != out.keys():
+                raise ValueError(f"the sources deliver different columns {sorted(out)} and "
+                                 f"{sorted(part.data)}; pass columns=[...] every source has")
+            rows = places[at : at + len(part)]
+            for name, v in part.data.items():
+                if not isinstance(v, torch.Tensor) or v.dtype != out[name].dtype:
+                    return None
+                out[name].index_copy_(0, rows, v)
+            at += len(part)
+    return out
+
+
 def mixed_batch(parts: Sequence[list[Any]], sources: np.ndarray,
                 collate_fn: Callable[[list[Any]], Any] | None) -> Any:
     """One mixture batch from each source's slices, rows in schedule order."""
@@ -159,12 +187,14 @@ def mixed_batch(parts: Sequence[list[Any]], sources: np.ndarray,
 
     present = [ps for ps in parts if ps]
     if present and all(isinstance(p, Columns) for ps in present for p in ps):
-        joined = [Columns.concat(ps) for ps in present]
-        names = {tuple(c.data) for c in joined}
-        if len(names) > 1:
-            raise ValueError(f"the sources deliver different columns {sorted(names)}; pass "
-                             "columns=[...] that every source has")
-        out = take_rows(Columns.concat(joined), interleave_order(sources))
+        out = scattered(parts, sources)
+        if out is None:  # ragged or list columns: join, then gather once
+            joined = [Columns.concat(ps) for ps in present]
+            names = {tuple(c.data) for c in joined}
+            if len(names) > 1:
+                raise ValueError(f"the sources deliver different columns {sorted(names)}; "
+                                 "pass columns=[...] that every source has")
+            out = take_rows(Columns.concat(joined), interleave_order(sources))
         out[SOURCE_KEY] = torch.from_numpy(np.ascontiguousarray(sources, dtype=np.int64))
         return out
     items = mixed_items(parts, sources)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +107,17 @@ class MixtureDataset(IterableDataset):
         positive_int("world_size", world_size)
         weights = integer_weights([s.weight for s in sources])
         num_splits = world_size if num_splits is None else num_splits
-        self._views = [StreamingDataset(
-            s.table, num_splits=num_splits, shuffle=shuffle, shuffle_seed=shuffle_seed,
-            epoch=epoch, rank=rank, world_size=world_size, columns=columns, filter=s.filter,
-            transform=transform, table_version=s.table_version, **view_kwargs)
-            for s in sources]
+
+        def view(s: Source) -> StreamingDataset:
+            return StreamingDataset(
+                s.table, num_splits=num_splits, shuffle=shuffle, shuffle_seed=shuffle_seed,
+                epoch=epoch, rank=rank, world_size=world_size, columns=columns,
+                filter=s.filter, transform=transform, table_version=s.table_version,
+                **view_kwargs)
+
+        # The sources' plans build at once (each mostly waits on its table's scan).
+        with ThreadPoolExecutor(len(sources), thread_name_prefix="mixture-plan") as pool:
+            self._views = list(pool.map(view, sources))
         empty = [i for i, v in enumerate(self._views) if len(v) == 0]
         if empty:
             raise ValueError(f"source(s) {empty} give rank {rank} no samples (no rows after "
@@ -289,8 +296,9 @@ class MixtureDataset(IterableDataset):
              collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
         generation, _ = self._begin()
         as_tensors = batch_size is not None and collate_fn is None
-        w = self._schedule.weights
-        group = [max(1, -(-(batch_size or 64) * x // sum(w))) for x in w]
+        # Each source's reads are cut into batches of the mixture's size: a mixture batch then
+        # takes from one (rarely two) of them, whatever the source's share.
+        group = [batch_size or v._sizing.first_rows for v in self._views]
         buffers: list[SourceBuffer | None] = [None] * len(self._views)
         try:
             for mb in self._plan(batch_size or 1):
