@@ -95,6 +95,14 @@ class SourceBuffer:
                 n = 0
         return out
 
+    def prime(self) -> None:
+        """Wait for the first read now (callable from another thread, before any take)."""
+        if not self._parts:
+            batch = next(self._batches, None)
+            if batch is not None:
+                self.cost = self.cost + batch.cost
+                self._parts.append(batch.payload)
+
     def booked(self) -> tuple[ReadCost, float]:
         """The cost and wait since the last call (booked with the batch that took them)."""
         cost, wait = self.cost, self.wait_s

@@ -299,7 +299,13 @@ class MixtureDataset(IterableDataset):
         # Each source's reads are cut into batches of the mixture's size: a mixture batch then
         # takes from one (rarely two) of them, whatever the source's share.
         group = [batch_size or v._sizing.first_rows for v in self._views]
-        buffers: list[SourceBuffer | None] = [None] * len(self._views)
+        buffers: list[SourceBuffer | None] = [
+            SourceBuffer(p.read_batches(g, as_tensors=as_tensors), n) if left else None
+            for p, g, n, left in zip(self._pass_objs, group, self._passes, self._left)]
+        # Every source's first read at once: the first batch waits for the slowest, not
+        # for their sum.
+        with ThreadPoolExecutor(len(buffers), thread_name_prefix="mixture-read") as pool:
+            list(pool.map(lambda b: b and b.prime(), buffers))
         try:
             for mb in self._plan(batch_size or 1):
                 self._check_current(generation)
