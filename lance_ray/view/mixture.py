@@ -139,7 +139,7 @@ class MixtureDataset(IterableDataset):
         self._passes = [epoch] * len(self._views)
         self._whole = [False] * len(self._views)
         self._global_step = 0
-        self._ended = False
+        self._ended = self._loaded = False
         self._generation = getattr(self, "_generation", 0) + 1
         self._start_phase([[len(v)] * self._world_size for v in self._views], step=0)
 
@@ -246,6 +246,7 @@ class MixtureDataset(IterableDataset):
                 view.load_state_dict(sub)
             raise
         self._ended = False
+        self._loaded = True  # a state loaded at its epoch's end yields nothing, as a view's
         self._generation += 1
 
     def set_epoch(self, epoch: int) -> None:
@@ -276,7 +277,10 @@ class MixtureDataset(IterableDataset):
 
     def _roll_over(self) -> None:
         """Iterating an epoch this view read to its end starts the next one."""
-        if self._ended or (self._step >= self._end and self._step > 0):
+        if self._step >= self._end and self._loaded:
+            logger.info("rank %d has no samples left in mixture epoch %d; call set_epoch(%d) "
+                        "to start the next one", self._rank, self._epoch, self._epoch + 1)
+        elif self._ended or (self._step >= self._end and self._step > 0):
             logger.info("mixture epoch %d is exhausted on rank %d; starting epoch %d",
                         self._epoch, self._rank, self._epoch + 1)
             self.set_epoch(self._epoch + 1)
@@ -364,6 +368,7 @@ class MixtureDataset(IterableDataset):
         (all_exhausted), so a state taken here already names its next pass."""
         self._step += n
         self._global_step += batches
+        self._loaded = False
         if self._stop != "all_exhausted" or self._step >= self._end:
             return
         for i, left in enumerate(self._left):
