@@ -302,3 +302,39 @@ def test_a_loader_gives_the_same_batches_with_any_workers_and_exact_states(
     resumed.load_state_dict(state)
     again = lance_ray.StreamingDataLoader(resumed, batch_size=6, num_workers=num_workers)
     assert [samples(b) for b in again] == want[7:]
+
+
+def _tokens(batch) -> list[list[int]]:
+    t = batch["tokens"]
+    values, offsets = t["values"].tolist(), t["offsets"].tolist()
+    return [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def test_list_columns_and_transforms_keep_each_row_with_its_source(token_table, tmp_path):
+    from conftest import write_token_table
+
+    table, docs = token_table
+    other, other_docs = write_token_table(str(tmp_path), 40, 12, 2, seed=5)
+    sources = [Source(table, weight=2), Source(other, weight=1)]
+    ds = MixtureDataset(sources, num_splits=2, columns=["id", "tokens"], reader="local")
+    rows = []
+    for b in ds.iter_batches(7):
+        ids, src = b["id"].tolist(), b["source"].tolist()
+        rows += list(zip(src, ids, _tokens(b)))
+    assert rows and all(tok == (docs, other_docs)[s][i] for s, i, tok in rows)
+
+    def tag(batch):  # a transform: one dict per row
+        return [{"n": len(t), "id": i} for t, i in zip(batch["tokens"].to_pylist(),
+                                                       batch["id"].to_pylist())]
+
+    items = list(MixtureDataset(sources, num_splits=2, columns=["id", "tokens"],
+                                transform=tag, reader="local"))
+    assert [(x["source"], x["id"], x["n"]) for x in items] == [
+        (s, i, len(t)) for s, i, t in rows]
+
+    def bare(batch):
+        return batch["id"].to_pylist()
+
+    with pytest.raises(TypeError, match="dict"):
+        list(MixtureDataset(sources, num_splits=2, columns=["id"], transform=bare,
+                            reader="local"))
