@@ -338,3 +338,13 @@ def test_list_columns_and_transforms_keep_each_row_with_its_source(token_table, 
     with pytest.raises(TypeError, match="dict"):
         list(MixtureDataset(sources, num_splits=2, columns=["id"], transform=bare,
                             reader="local"))
+
+
+def test_a_second_live_iterator_is_refused(table_factory):
+    ds = mixture([table_factory(n) for n in (64, 40)], [1, 1])
+    first = ds.iter_batches(4)
+    next(first)
+    with pytest.raises(RuntimeError, match="concurrent"):
+        next(iter(ds))
+    first.close()
+    assert next(iter(ds))["source"] in (0, 1)

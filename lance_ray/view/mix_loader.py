@@ -137,7 +137,7 @@ class MixtureDataLoader(DataLoader):
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         mix = self._mixture
-        generation, passes = mix._begin()
+        generation, passes = mix._begin(lease)
         plan = self._source.plan = list(mix._plan(self._batch_size_samples))
         self._source.streams = [p.stream for p in passes]
         self._source.mixture = mix  # pickled into the workers started below

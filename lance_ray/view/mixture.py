@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ..state.mixture import (
 from ..stream.mixing import Schedule, end_step, integer_weights
 from ..topology import valid_world_sizes
 from .dataset import StreamingDataset
-from .iteration import Lease, leased
+from .iteration import CONCURRENT, Lease, leased
 from .mix_batches import MixBatch, SourceBuffer, mixed_batch, mixed_items, plan_batches
 from .reading import Pass
 
@@ -131,7 +132,13 @@ class MixtureDataset(IterableDataset):
               "rows": v._plan.total_rows}
              for s, v in zip(sources, self._views)],
             weights, stop, num_splits, shuffle_seed)
+        self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
         self._begin_epoch(epoch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lease"] = None  # iterators stay in their process
+        return state
 
     # ----------------------------------------------------------------------- progress
     def _begin_epoch(self, epoch: int) -> None:
@@ -285,8 +292,14 @@ class MixtureDataset(IterableDataset):
                         self._epoch, self._rank, self._epoch + 1)
             self.set_epoch(self._epoch + 1)
 
-    def _begin(self) -> tuple[int, list[Pass]]:
-        """A new iteration: its generation, and a pass over each source's current pass."""
+    def _begin(self, lease: Lease | None = None) -> tuple[int, list[Pass]]:
+        """A new iteration (``lease``: its iterator): its generation, and a pass over each
+        source's current pass. A second live iterator is refused, as a view refuses it."""
+        active = self._lease() if self._lease is not None else None
+        if active is not None and getattr(active, "gi_frame", None) is not None and (
+                not lease or active is not lease[0]()):
+            raise RuntimeError(CONCURRENT.replace("StreamingDataset", "MixtureDataset"))
+        self._lease = lease[0] if lease else None
         self._roll_over()
         self._pass_objs = [v.begin_pass(None) for v in self._views]
         return self._generation, self._pass_objs
@@ -298,7 +311,7 @@ class MixtureDataset(IterableDataset):
 
     def _run(self, lease: Lease, batch_size: int | None,
              collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
-        generation, _ = self._begin()
+        generation, _ = self._begin(lease)
         as_tensors = batch_size is not None and collate_fn is None
         # Each source's reads are cut into batches of the mixture's size: a mixture batch then
         # takes from one (rarely two) of them, whatever the source's share.
