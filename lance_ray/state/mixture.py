@@ -20,6 +20,7 @@ from ..topology import rank_splits
 from .format import parse_state
 
 MIX_KEY = "lance_ray_mixture"
+PACK_KEY = "pack"  # a packed mixture's packing and every rank's carry
 MIX_FORMAT_VERSION = 1
 STOPS = ("first_exhausted", "all_exhausted")
 # What must agree between a state and the mixture loading it, and how to fix each.
@@ -43,9 +44,11 @@ def is_mixture(state: object) -> bool:
 
 def make_mixture_state(meta: dict[str, Any], *, epoch: int, world_size: int, rank: int | None,
                        step: int | None, end: int, global_step: int, passes: Sequence[int],
-                       whole: Sequence[bool], sources: list[dict[str, Any]]) -> dict[str, Any]:
-    """A mixture state; ``meta`` is :func:`mixture_meta`'s description of the mixture."""
-    return {MIX_KEY: {"format_version": MIX_FORMAT_VERSION, **meta, "epoch": epoch,
+                       whole: Sequence[bool], sources: list[dict[str, Any]],
+                       **extra: Any) -> dict[str, Any]:
+    """A mixture state; ``meta`` is :func:`mixture_meta`'s description of the mixture;
+    ``extra``: a packed mixture's ``pack``."""
+    return {**extra, MIX_KEY: {"format_version": MIX_FORMAT_VERSION, **meta, "epoch": epoch,
                       "world_size": world_size, "rank": rank, "step": step, "end": end,
                       "global_step": global_step, "passes": [int(p) for p in passes],
                       "read_whole": [bool(w) for w in whole]},
@@ -132,6 +135,7 @@ def merge_mixture_states(states: list[dict],
                     f"{first[key]!r}): save every rank's state at the same step (e.g. right "
                     "after the same optimizer step) and merge those")
     sources = [merge_one([s["sources"][i] for s in states]) for i in range(len(first["sources"]))]
+    packs = [s.get(PACK_KEY) for s in states]
     steps = {m["step"] for m in mixes}
     meta = {k: first[k] for k in ("sources", "stop", "num_splits", "shuffle_seed")}
     # One phase step on every rank: the same-size group continues the phase exactly.
@@ -139,7 +143,24 @@ def merge_mixture_states(states: list[dict],
                               rank=None, step=steps.pop() if len(steps) == 1 else None,
                               end=first["end"],
                               global_step=first["global_step"], passes=first["passes"],
-                              whole=first["read_whole"], sources=sources)
+                              whole=first["read_whole"], sources=sources,
+                              **({PACK_KEY: merge_pack_states(packs)} if any(packs) else {}))
+
+
+def merge_pack_states(parts: list[Any]) -> dict[str, Any]:
+    """Every rank's carry of a packed mixture, in one state."""
+    if not all(parts):
+        raise ValueError("cannot merge packed and unpacked mixture states")
+    first = parts[0]
+    for p in parts[1:]:
+        if {k: v for k, v in p.items() if k != "carries"} != \
+                {k: v for k, v in first.items() if k != "carries"}:
+            raise ValueError("the packed mixture states disagree on their packing or world "
+                             "size; merge the states of one run's ranks at one step")
+    carries: dict[str, Any] = {}
+    for p in parts:
+        carries.update(p["carries"])
+    return {**first, "carries": carries}
 
 
 def remaining_per_rank(source_state: dict, world_size: int) -> list[int]:

@@ -111,6 +111,9 @@ class MixtureDataLoader(DataLoader):
         for banned in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(banned):
                 raise ValueError(f"{banned} is not supported: the mixture decides the order")
+        if num_workers and dataset._pack is not None:
+            raise NotImplementedError("a packed mixture reads in the trainer's process: use "
+                                      "num_workers=0 (docs/mixing.md)")
         self._source = _MixtureBatches(collate_fn)
         if num_workers > 0:
             line = unguarded_main_line()

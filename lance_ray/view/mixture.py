@@ -8,6 +8,7 @@ keeps its own small state (:mod:`lance_ray.state.mixture`).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks import positive_int
@@ -22,6 +24,7 @@ from ..plan.splits import check_epoch_seed
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts
 from ..state.mixture import (
+    PACK_KEY,
     STOPS,
     check_mixture_compatible,
     make_mixture_state,
@@ -32,7 +35,8 @@ from ..state.mixture import (
 from ..stream.mixing import Schedule, end_step, integer_weights
 from ..topology import valid_world_sizes
 from .dataset import StreamingDataset
-from .iteration import leased
+from .iteration import Lease, leased
+from .mix_pack import TokenPacker, blocks, carries_for
 from .mix_reading import MixtureReading
 
 logger = logging.getLogger(__name__)
@@ -94,10 +98,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
                 not all(isinstance(s, Source) for s in sources):
             raise ValueError("sources must be a non-empty list of lance_ray.Source(table, "
                              "weight=...)")
-        if view_kwargs.get("pack_sequences") is not None:
-            raise NotImplementedError(
-                "pack_sequences over a MixtureDataset is not implemented yet: pack one "
-                "table with StreamingDataset(pack_sequences=...) (docs/mixing.md)")
+        self._pack = self._pack_config(view_kwargs, columns, transform)
         refused = {"on_transform_error", "fill_value", "worker_info_override"} & set(view_kwargs)
         if refused:
             raise ValueError(f"MixtureDataset does not take {sorted(refused)}: a mixture's "
@@ -132,6 +133,26 @@ class MixtureDataset(MixtureReading, IterableDataset):
         self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
         self._begin_epoch(epoch)
 
+    @staticmethod
+    def _pack_config(kwargs: dict[str, Any], columns: list[str] | None,
+                     transform: Transform | None) -> dict[str, Any] | None:
+        length = kwargs.pop("pack_sequences", None)
+        eos_id, pad_id = kwargs.pop("eos_id", None), kwargs.pop("pad_id", None)
+        refused = {"blocks_per_epoch", "pack_position_ids", "pack_cu_seqlens"} & set(kwargs)
+        if length is None:
+            return None
+        if refused:
+            raise NotImplementedError(f"{sorted(refused)} are not implemented for a packed "
+                                      "mixture (docs/mixing.md)")
+        positive_int("pack_sequences", length)
+        if not (isinstance(eos_id, int) and isinstance(pad_id, int)):
+            raise ValueError("pack_sequences needs integer eos_id and pad_id")
+        if transform is not None or not columns or len(columns) != 1:
+            raise ValueError("a packed mixture reads one token column: pass columns=[name] "
+                             "(a list of token ids in every source) and no transform")
+        return {"pack_sequences": length, "eos_id": eos_id, "pad_id": pad_id,
+                "column": columns[0]}
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_lease"] = None  # iterators stay in their process
@@ -144,6 +165,9 @@ class MixtureDataset(MixtureReading, IterableDataset):
         self._whole = [False] * len(self._views)
         self._global_step = 0
         self._ended = self._loaded = False
+        if self._pack is not None:  # an epoch's last block is padded: nothing carries over
+            self._packer = TokenPacker(self._pack["pack_sequences"], self._pack["eos_id"],
+                                       self._pack["pad_id"])
         self._generation = getattr(self, "_generation", 0) + 1
         self._start_phase([[len(v)] * self._world_size for v in self._views], step=0)
 
@@ -218,12 +242,21 @@ class MixtureDataset(MixtureReading, IterableDataset):
             self._meta, epoch=self._epoch, world_size=ws, rank=None if ws == 1 else self._rank,
             step=self._step, end=self._end, global_step=self._global_step,
             passes=self._passes, whole=self._whole,
-            sources=[v.state_dict() for v in self._views])
+            sources=[v.state_dict() for v in self._views],
+            **({} if self._pack is None else {PACK_KEY: {
+                **self._pack, "world_size": ws, "carries": {
+                    str(self._rank): self._packer.carry()}}}))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
         mix = parse_mixture(state)
         check_mixture_compatible(mix, self._meta)
+        if (PACK_KEY in state) != (self._pack is not None):
+            raise ValueError("this state is of a " + ("packed" if PACK_KEY in state else
+                             "unpacked") + " mixture; construct the MixtureDataset " +
+                             ("with" if PACK_KEY in state else "without") + " pack_sequences")
+        carries = None if self._pack is None else carries_for(
+            state[PACK_KEY], self._pack, self._rank, self._world_size)
         subs = state["sources"]
         before = [(v._spec.epoch, v.state_dict()) for v in self._views]
         try:
@@ -251,6 +284,8 @@ class MixtureDataset(MixtureReading, IterableDataset):
             raise
         self._ended = False
         self._loaded = True  # a state loaded at its epoch's end yields nothing, as a view's
+        if carries is not None:
+            self._packer.restore(carries)
         self._generation += 1
 
     def set_epoch(self, epoch: int) -> None:
@@ -269,7 +304,9 @@ class MixtureDataset(MixtureReading, IterableDataset):
 
     # ----------------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        """Yield samples one by one: dicts carrying ``"source"``."""
+        """Yield samples one by one: dicts carrying ``"source"`` (packed: blocks)."""
+        if self._pack is not None:
+            return leased(lambda lease: self._packed(lease, None))
         return leased(lambda lease: self._run(lease, None, None))
 
     def iter_batches(self, batch_size: int, *,
@@ -277,7 +314,24 @@ class MixtureDataset(MixtureReading, IterableDataset):
         """Yield batches of ``batch_size`` consecutive samples (the last may be short),
         each committed when handed over; ``batch["source"]`` is an int64 tensor."""
         positive_int("batch_size", batch_size)
+        if self._pack is not None:
+            return leased(lambda lease: self._packed(lease, batch_size))
         return leased(lambda lease: self._run(lease, batch_size, collate_fn))
+
+    def _packed(self, lease: Lease, batch_size: int | None) -> Iterator[dict[str, Any]]:
+        """Blocks (``{"input_ids", "doc_ids", "source_ids"}``), one by one or stacked."""
+        import torch
+
+        assert self._pack is not None
+        out = blocks(self._packer, self._run(lease, None, None), self._pack["column"])
+        while True:
+            group = list(itertools.islice(out, batch_size or 1))
+            if not group:
+                return
+            if batch_size is None:
+                yield {k: torch.from_numpy(v) for k, v in group[0].items()}
+            else:
+                yield {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
 
 
 def _restart(view: StreamingDataset, epoch: int) -> None:
