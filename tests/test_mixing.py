@@ -271,8 +271,13 @@ def test_bad_arguments_are_named(table_factory):
         MixtureDataset([Source(a, weight=0)])
     with pytest.raises(ValueError, match="Source"):
         MixtureDataset([a])
-    with pytest.raises(NotImplementedError, match="pack_sequences"):
-        MixtureDataset([Source(a)], pack_sequences=16)
+    with pytest.raises(ValueError, match="eos_id"):
+        MixtureDataset([Source(a)], pack_sequences=16, columns=["id"])
+    with pytest.raises(ValueError, match="one token column"):
+        MixtureDataset([Source(a)], pack_sequences=16, eos_id=1, pad_id=0)
+    with pytest.raises(NotImplementedError, match="blocks_per_epoch"):
+        MixtureDataset([Source(a)], pack_sequences=16, eos_id=1, pad_id=0, columns=["id"],
+                       blocks_per_epoch=3)
 
 
 def test_set_epoch_starts_the_mixture_epoch_over_and_the_next_epoch_follows(table_factory):

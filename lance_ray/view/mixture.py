@@ -70,7 +70,8 @@ class MixtureDataset(MixtureReading, IterableDataset):
       next epoch) and keeps its share; the epoch ends once every source was read whole;
     * ``state_dict()`` at any batch resumes the same sequence; every rank's states merged
       (:meth:`merge_state_dicts`) resume on any world size dividing ``num_splits``, each
-      remaining sample of each source delivered once;
+      remaining sample of each source delivered at most once (exactly once under
+      ``all_exhausted``, and under ``first_exhausted`` unless the world grew mid-cycle);
     * ``load_state_dict`` refuses, naming the fix, a state of other sources, weights, order
       or table versions.
 
@@ -81,6 +82,9 @@ class MixtureDataset(MixtureReading, IterableDataset):
         shuffle_clump_size: as for :class:`StreamingDataset`, applied to every source (a
             ``transform`` must return one dict per row).
         stop: ``"first_exhausted"`` (default) or ``"all_exhausted"``.
+        pack_sequences, eos_id, pad_id: pack the rank's documents (one token column), in
+            the mixture's order, into blocks of ``pack_sequences`` tokens that hold several
+            sources: ``{"input_ids", "doc_ids", "source_ids"}`` LongTensors.
     """
 
     merge_state_dicts = staticmethod(merge_state_dicts)
