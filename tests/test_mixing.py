@@ -158,6 +158,18 @@ def test_a_state_taken_at_any_batch_resumes_the_same_sequence(
     )[len(flat(head)):]
 
 
+def resumed_on(new, merged, stop) -> bool:
+    """Load ``merged`` on every rank of ``new``; False if refused as documented (under
+    all_exhausted, a world size whose ranks would hold unequal shares of a source)."""
+    try:
+        for ds in new:
+            ds.load_state_dict(merged)
+    except ValueError as e:
+        assert stop == "all_exhausted" and "unequal samples" in str(e)
+        return False
+    return True
+
+
 def _pass_part(ds_state, rank, world_size, source) -> int:
     """Samples of ``source``'s current pass the old ``rank`` delivered (per the merged state)."""
     from lance_ray.topology import rank_splits
@@ -183,11 +195,7 @@ def test_merged_states_resume_on_any_world_size_each_remaining_sample_once(
     assert MixtureDataset.merge_state_dicts([ds.state_dict() for ds in old]) == merged
     new = [mixture(tables, weights, rank=r, world_size=new_ws, stop=stop)
            for r in range(new_ws)]
-    try:
-        for ds in new:
-            ds.load_state_dict(merged)
-    except ValueError as e:  # documented: all_exhausted on a world size with unequal shares
-        assert stop == "all_exhausted" and "unequal samples" in str(e)
+    if not resumed_on(new, merged, stop):
         return
     left = [list(ds._left) for ds in new]
     restarted = merged["lance_ray_mixture"]["step"] is None or new_ws != old_ws
@@ -408,11 +416,7 @@ def test_packed_mixture_resumes_exactly_and_across_world_sizes(doc_sources, at, 
     before = [[b for _, b in zip(range(at), ds.iter_batches(2))] for ds in old]
     merged = lance_ray.merge_state_dicts([json.loads(json.dumps(ds.state_dict())) for ds in old])
     new = [_packed(sources, rank=r, world_size=new_ws, stop=stop) for r in range(new_ws)]
-    try:
-        for ds in new:
-            ds.load_state_dict(merged)
-    except ValueError as e:  # documented: all_exhausted on a world size with unequal shares
-        assert stop == "all_exhausted" and "unequal samples" in str(e)
+    if not resumed_on(new, merged, stop):
         return
     after = [list(ds.iter_batches(2)) for ds in new]
     if old_ws == new_ws:  # exact resume: the uninterrupted blocks
