@@ -63,6 +63,21 @@ def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop
             "stop": stop, "num_splits": num_splits, "shuffle_seed": shuffle_seed}
 
 
+def phase_step(state: dict[str, Any], rank: int, world_size: int) -> int | None:
+    """The step at which rank ``rank`` of ``world_size`` continues the state's phase, or None
+    when it starts a new phase (another world size, or ranks' steps unknown)."""
+    mix = state[MIX_KEY]
+    if mix["world_size"] != world_size:
+        return None
+    if mix["step"] is not None:
+        return int(mix["step"])
+    steps = state.get("rank_steps")
+    if isinstance(steps, list) and len(steps) == world_size and is_int(steps[rank]) \
+            and steps[rank] >= 0:
+        return int(steps[rank])
+    return None
+
+
 def parse_mixture(state: object) -> dict[str, Any]:
     """The validated mixture part of ``state`` (its sources' states are checked by their
     views when they load them)."""
@@ -137,6 +152,11 @@ def merge_mixture_states(states: list[dict],
     sources = [merge_one([s["sources"][i] for s in states]) for i in range(len(first["sources"]))]
     packs = [s.get(PACK_KEY) for s in states]
     steps = {m["step"] for m in mixes}
+    # Ranks at different steps (e.g. packed ranks, whose documents differ in length): each
+    # rank's step, so that the same group resumes exactly; another size starts a new phase.
+    by_rank = {m["rank"]: m["step"] for m in mixes}
+    rank_steps = [by_rank.get(r) for r in range(first["world_size"])] \
+        if len(steps) > 1 and None not in by_rank else None
     meta = {k: first[k] for k in ("sources", "stop", "num_splits", "shuffle_seed")}
     # One phase step on every rank: the same-size group continues the phase exactly.
     return make_mixture_state(meta, epoch=first["epoch"], world_size=first["world_size"],
@@ -144,7 +164,8 @@ def merge_mixture_states(states: list[dict],
                               end=first["end"],
                               global_step=first["global_step"], passes=first["passes"],
                               whole=first["read_whole"], sources=sources,
-                              **({PACK_KEY: merge_pack_states(packs)} if any(packs) else {}))
+                              **({PACK_KEY: merge_pack_states(packs)} if any(packs) else {}),
+                              **({"rank_steps": rank_steps} if rank_steps else {}))
 
 
 def merge_pack_states(parts: list[Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from ..state.mixture import (
     make_mixture_state,
     mixture_meta,
     parse_mixture,
+    phase_step,
     remaining_per_rank,
 )
 from ..stream.mixing import Schedule, end_step, integer_weights
@@ -267,15 +268,15 @@ class MixtureDataset(MixtureReading, IterableDataset):
             for view, sub, p in zip(self._views, subs, mix["passes"]):
                 view.set_epoch(p)
                 view.load_state_dict(sub)
-            same = mix["world_size"] == self._world_size and mix["step"] is not None
+            step = phase_step(state, self._rank, self._world_size)
             saved = self._epoch, self._passes, self._whole, self._global_step
             self._epoch, self._passes = mix["epoch"], list(mix["passes"])
             self._whole, self._global_step = list(mix["read_whole"]), mix["global_step"]
             try:
                 remaining = [remaining_per_rank(v.state_dict(), self._world_size)
                              for v in self._views]
-                if same:
-                    self._start_phase(remaining, step=mix["step"], end=mix["end"])
+                if step is not None:  # the same group: the phase goes on
+                    self._start_phase(remaining, step=step, end=mix["end"])
                 else:
                     self._start_phase(remaining, step=0)
             except Exception:
@@ -335,7 +336,9 @@ class MixtureDataset(MixtureReading, IterableDataset):
             if batch_size is None:
                 yield {k: torch.from_numpy(v) for k, v in group[0].items()}
             else:
-                yield {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
+                batch = {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
+                self._global_step += 1  # a packed batch is a step (its documents were not)
+                yield batch
 
 
 def _restart(view: StreamingDataset, epoch: int) -> None:
