@@ -17,6 +17,8 @@ _EXPORTS = {
     "StreamingDataset": "view.dataset",
     "StreamingDataLoader": "view.loader",
     "Coordinator": "coordinator.handle",
+    "MixtureDataset": "view.mixture",
+    "Source": "view.mixture",
     "ReportPolicy": "state.reporting",
     "PlanSpec": "plan.splits",
     "SplitPlan": "plan.splits",

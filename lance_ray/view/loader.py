@@ -131,6 +131,13 @@ class StreamingDataLoader(DataLoader):
     warns as torch does and returns them unpinned.
     """
 
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if getattr(dataset, "is_mixture", False):  # a MixtureDataset: its own loader
+            from .mix_loader import MixtureDataLoader
+
+            return MixtureDataLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
                  persistent_workers: bool = False, pin_memory: bool = False,
