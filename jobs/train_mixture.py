@@ -2,8 +2,8 @@
 resize on the way, and prove it: every sample of each source trained on exactly once, and
 the observed mix against the weights.
 
-    ray job submit --working-dir . -- python jobs/train_mixture.py
-    python jobs/train_mixture.py --workdir runs/mixture --rows 2000 --workers 4 --then 2
+    ray job submit --working-dir . -- python -m jobs.train_mixture
+    python -m jobs.train_mixture --workdir runs/mixture --rows 2000 --workers 4 --then 2
 
 The three tables (``web``, ``code``, ``math``) hold rows in the proportions of their
 weights (7:2:1), so under ``stop="first_exhausted"`` one mixture epoch reads each of them

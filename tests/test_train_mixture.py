@@ -3,18 +3,12 @@ every sample of every source trained on exactly once, the mix as weighted."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import pytest
+import ray.cloudpickle
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "jobs"))
+from jobs import train_mixture
 
-import pytest  # noqa: E402
-import ray.cloudpickle  # noqa: E402
-import train_mixture  # noqa: E402
-
-# Train workers cannot import jobs/ as a module: ship the job's loop by value, as
-# `ray job submit` does for a __main__ script.
+# Train workers get the job's loop by value, as `ray job submit` ships a __main__ script.
 ray.cloudpickle.register_pickle_by_value(train_mixture)
 
 
