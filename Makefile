@@ -33,6 +33,9 @@ bench: venv
 	$(PY) -m jobs.bench
 	$(PY) -m jobs.bench.paired
 	$(PY) -m jobs.bench.reservation
+	$(PY) -m jobs.bench.mixing
+	$(PY) -m jobs.bench.device
+	$(PY) -m jobs.bench.scaling
 	$(PY) -m jobs.bench.performance
 
 clean:
