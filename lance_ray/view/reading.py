@@ -32,6 +32,7 @@ from .readers import make_reader
 from .stats import progress_bar
 
 if TYPE_CHECKING:
+    from ..plan.sources import PlanSource
     from ..plan.splits import PlanSpec, SplitPlan
     from ..plan.table import TableRef
     from ..read.transform import TransformPolicy
@@ -98,7 +99,7 @@ class Pass:
                 batches: int, survivors: list[tuple[int, int]] | None = None) -> None:
         """Commit ``size`` sample slots (or exactly the ``survivors``) as consumed, unless
         the pass was superseded."""
-        self.view._check_generation(self.generation)
+        self.view._check_generation(self.generation, rows=not batches)
         self.view._delivered(size, cost, skipped, wait_s, batches=batches,
                              survivors=survivors)
 
@@ -128,6 +129,7 @@ class Reading:
     _spec: PlanSpec
     _owned: list[int]
     _rank: int
+    _plans: PlanSource
     _cursor: Cursor
     _meter: Meter
     _gauge: Gauge
@@ -293,6 +295,13 @@ class Reading:
         self._gauge.start(len(every_row(stream) if self._drops else stream))
         return Pass(self, stream, self._cursor.generation)
 
+    def _reserve(self, iterator: Iterator[Any]) -> None:
+        """Make ``iterator`` (not started yet) the view's one live iterator now, refusing
+        if another one is live (a loader's iterator reserves when it is created)."""
+        lease = weakref.ref(iterator)
+        self._refuse_concurrent(lease)
+        self._lease = lease
+
     def _refuse_concurrent(self, lease: weakref.ref[Iterator[Any]] | None) -> None:
         active = self._lease() if self._lease is not None else None
         if active is not None and getattr(active, "gi_frame", None) is not None and (
@@ -309,12 +318,15 @@ class Reading:
         self._lease = lease
         return worker
 
-    def _check_generation(self, generation: int) -> None:
+    def _check_generation(self, generation: int, *, rows: bool = False) -> None:
+        """Raise unless the iterator of ``generation`` may deliver: not superseded here, and
+        its plan not replaced by the coordinator (``rows``: a per-sample delivery)."""
         if generation != self._cursor.generation:
             raise RuntimeError(
                 "this iterator was superseded by load_state_dict() or set_epoch(); create "
                 "a new iterator to continue"
             )
+        self._plans.check_current(rows=rows)
 
     @property
     def _drops(self) -> bool:
