@@ -153,8 +153,8 @@ def test_a_stale_view_stops_within_one_batch_of_a_resize(coord_factory, table_1k
     before = step_views(two, 5)
     wait_sealed(coord, 5)
     coord.resize(3)
-    for view, it in zip(views, two):  # not a single batch more, and it stays stopped
-        for it in (it, iter(view)):
+    for view, running in zip(views, two):  # not a single batch more, and it stays stopped
+        for it in (running, iter(view)):
             with pytest.raises(StaleReport, match="resized since this view of world size 2"):
                 next(it)
     three = [coord.view(r, 3, reader="local", read_batch_size=64).iter_batches(batch // 3)

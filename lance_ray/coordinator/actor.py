@@ -290,8 +290,10 @@ class CoordinatorActor:
             self._rank_progress.clear()
             self._generation += 1
             self._persist(durable=True)
-            publish_on_nodes(self._generation_file, self._generation, self._nodes)
-            return self._state(sealed)
+            generation, nodes, state = self._generation, set(self._nodes), self._state(sealed)
+        # Outside the lock (reports and new views go on meanwhile), but before returning.
+        publish_on_nodes(self._generation_file, generation, nodes)
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         with self._lock:

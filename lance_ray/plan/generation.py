@@ -104,7 +104,7 @@ class GenerationWatch:
 
 # Seconds ``resize`` waits for the nodes' files; a node slower than that (or gone) is
 # logged, and its views learn of the resize from their next progress report instead.
-PUBLISH_TIMEOUT_S = 30.0
+PUBLISH_TIMEOUT_S = 10.0
 
 
 def publish_on_nodes(name: str, generation: int, nodes: set[str]) -> None:
