@@ -14,7 +14,7 @@ pipeline starts (``local_head``), and the rest are joined into tasks of about a 
 second of work each (``tasks``). How far the pipeline runs ahead of the consumer is bounded
 by ``run_ahead`` (in place of Ray Data's resource reservation), and blocks received are held
 within the sizing's in-flight budget. (Capping the pipeline's object store memory through
-Ray Data's resource limits was tried and made the first batch 7x slower here.) For the
+Ray Data's resource limits was tried and made the first batch much slower.) For the
 tensor batch path each read is converted to ``convert.Columns`` once, off the consumer's
 thread.
 """
@@ -59,12 +59,12 @@ COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transfo
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
 # The reads a pipeline's consumer makes itself while Ray Data starts (``local_head``): at
 # most these bytes and, with a transform, about this much of the consumer's time (a warm
-# pipeline took 1-2 s here to its first block).
+# pipeline can take seconds to its first block).
 LOCAL_HEAD_BYTES = 32 << 20
 LOCAL_HEAD_SECONDS = 1.0
-# Work per transformed read task. A Ray Data task costs ~30-40 ms of CPU here whatever its
-# size (the trainer's scheduling, the raylet, the worker's own handling): on 1,024-row tasks
-# of a 28 us/row tokenizer that was as much as the transform itself.
+# Work per transformed read task. A Ray Data task costs tens of ms of CPU whatever its size
+# (the trainer's scheduling, the raylet, the worker's own handling): for small tasks of a
+# fast transform that is as much as the transform itself.
 TASK_SECONDS = 0.25
 
 
@@ -230,7 +230,7 @@ class RayDataReader:
     def local_head(self, reqs: list[ChunkRequest], seconds_per_row: float | None = None
                    ) -> int:
         """How many of the first requests are read in this process while the pipeline
-        starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. At most
+        starts: Ray Data's first block can take seconds, a local read a fraction of one. At most
         ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
         reader asked for), and, given what a row cost the consumer (a transformed read's),
         about ``LOCAL_HEAD_SECONDS`` of its time; none when ``ray_remote_args`` say where the
