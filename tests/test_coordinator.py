@@ -139,6 +139,31 @@ def test_resize_2_to_4_to_1_is_exactly_once_with_identical_global_steps(coord_fa
     assert report.exactly_once and report.steps_identical, report
 
 
+def test_a_stale_view_stops_within_one_batch_of_a_resize(coord_factory, table_1k):
+    # Default (coalesced) reports: a view's own reports would tell it only within ~0.5 s or
+    # 100 batches; the published generation stops it before its very next batch.
+    coord = coord_factory("stale", num_splits=12)
+    batch = 12
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    two = [v.iter_batches(batch // 2) for v in views]
+    before = step_views(two, 5)
+    wait_sealed(coord, 5)
+    coord.resize(3)
+    for view, running in zip(views, two):  # not a single batch more, and it stays stopped
+        for it in (running, iter(view)):
+            with pytest.raises(StaleReport, match="resized since this view of world size 2"):
+                next(it)
+    three = [coord.view(r, 3, reader="local", read_batch_size=64).iter_batches(batch // 3)
+             for r in range(3)]
+    after = step_views(three)
+    full = [b["id"].tolist() for b in lance_ray.StreamingDataset(
+        table_1k, num_splits=12, reader="local").iter_batches(batch)]
+    flat = [i for s in full for i in s]
+    report = compare_steps(coverage(flat, [i for s in before for i in s],
+                                    [i for s in after for i in s]), full, before + after)
+    assert report.exactly_once and report.steps_identical, report
+
+
 def test_resize_refuses_world_sizes_that_do_not_divide_num_splits(coord_factory):
     coord = coord_factory("bad_resize")
     with pytest.raises(ValueError, match=r"valid world sizes for 8 splits are \[1, 2, 4, 8\]"):

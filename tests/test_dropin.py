@@ -388,15 +388,6 @@ def test_one_active_iterator_per_dataset(table):
     next(iter(ds))
 
 
-def test_a_subclass_overriding_iter_is_refused_by_the_loader(table):
-    class Custom(lance_ray.StreamingDataset):
-        def __iter__(self):
-            yield from super().__iter__()
-
-    with pytest.raises(TypeError, match="overrides __iter__"):
-        lance_ray.StreamingDataLoader(Custom(table, num_splits=SPLITS, reader="local"))
-
-
 @settings(max_examples=200, deadline=None)
 @given(states=st.lists(st.tuples(st.lists(st.integers(0, 9), min_size=4, max_size=4),
                                  st.lists(st.integers(0, 3), min_size=4, max_size=4)),

@@ -73,7 +73,7 @@ def test_wide_rows_keep_reads_under_the_target_and_in_flight_bytes_under_the_bud
         request.getfixturevalue("ray_session")
     kw = {"num_splits": 4, "shuffle_seed": 3, "shuffle_clump_size": 8}
     spy = Spy(monkeypatch)
-    ds = lance_ray.StreamingDataset(wide_table, reader=reader, prefetch_batches=8,
+    ds = lance_ray.StreamingDataset(wide_table, reader=reader, io_queue_depth=8,
                                     read_bytes=read_bytes, prefetch_bytes=prefetch_bytes, **kw)
     sizing = ds._sizing
     assert abs(sizing.row_bytes - ROW) < ROW // 100  # the width estimate, from metadata
@@ -170,7 +170,7 @@ def test_a_slow_consumer_holds_the_ray_pipeline_within_its_run_ahead_bound(
     def view() -> Any:
         return lance_ray.StreamingDataset(wide_table, reader="ray", num_splits=4,
                                           shuffle_seed=3, read_bytes=2 * ROW,
-                                          prefetch_bytes=4 * ROW, prefetch_batches=2)
+                                          prefetch_bytes=4 * ROW, io_queue_depth=2)
 
     bounded = _object_store_peak_mib(view(), pause_s=0.08)
     monkeypatch.setattr(ray_data.RayDataReader, "_run_ahead", lambda self, requests: None)

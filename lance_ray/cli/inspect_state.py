@@ -29,10 +29,10 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
     """Everything ``inspect`` reports about a checkpoint state, as plain JSON-able data.
 
     ``kind`` is ``"rank"`` (one rank's own state of a multi-rank run: exact on its owned
-    splits only), ``"lockstep"`` (one rank's state whose other splits follow from its own:
-    resumable anywhere), ``"merged"`` (covers every split: a merged state or a 1-rank run's state)
-    or ``"unknown"`` (a ``lancedb.streaming`` reference-format state, whose owners are not
-    recorded). Raises ``ValueError``/``TypeError`` for an invalid state.
+    splits only), ``"lockstep"`` (a rank's state whose other splits follow from its own, the
+    same on every rank: resumable anywhere), ``"merged"`` (covers every split: a merged state
+    or a 1-rank run's state) or ``"unknown"`` (a ``lancedb.streaming`` reference-format state,
+    whose owners are not recorded). Raises ``ValueError``/``TypeError`` for an invalid state.
     """
     progress = st.parse_state(state)
     extra = state.get(st.EXTRA_KEY) or {}
@@ -42,8 +42,10 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
     owned: list[int] | None = None
     if not extra:
         kind = "unknown"
+    elif progress.lockstep:
+        kind = "lockstep"
     elif progress.rank is not None and not progress.is_complete:
-        kind = "lockstep" if progress.lockstep else "rank"
+        kind = "rank"
         owned = rank_splits(progress.rank, progress.world_size or 1, num_splits)
     else:
         kind = "merged"
@@ -59,8 +61,8 @@ def summarize_state(state: dict[str, Any]) -> dict[str, Any]:
                 f"first, then resume on any of: {sizes_text}")
     elif kind == "lockstep":
         resumable = sizes
-        note = (f"any of: {sizes_text} (rank {progress.rank}'s own state: the other ranks' "
-                "splits follow from its own, as every rank delivered as many samples)")
+        note = (f"any of: {sizes_text} (a rank's own state: the other ranks' splits follow "
+                "from its own, as every rank delivered as many samples)")
     elif kind == "unknown":
         resumable = sizes
         note = (f"any of: {sizes_text} (reference-format state: if it is one rank's state of a "
@@ -108,8 +110,8 @@ def _kind_text(s: dict[str, Any]) -> str:
         return (f"single rank: rank {s['rank']} of a {s['world_size']}-rank run "
                 f"(exact on its splits {ranges(s['owned_splits'])} only)")
     if s["kind"] == "lockstep":
-        return (f"lockstep: rank {s['rank']} of a {s['world_size']}-rank run; the other "
-                "ranks' splits follow from its own")
+        return (f"lockstep: any rank's state of a {s['world_size']}-rank run (every rank "
+                "writes this one); the other ranks' splits follow from its own")
     if s["kind"] == "merged":
         if s["world_size"] == 1:
             return "complete: the state of a 1-rank run (covers every split)"

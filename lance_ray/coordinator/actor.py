@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import storage
 from ..plan.background import BackgroundPlans
+from ..plan.generation import file_name, publish_on_nodes
 from ..plan.sources import next_epoch, plan_for
 from ..plan.splits import PlanSpec, SplitPlan
 from ..plan.table import (
@@ -41,6 +42,13 @@ PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 # out of phase nearly every report call seals a step, and a write can cost milliseconds
 # (more on object storage). A checkpoint (state_dict) and kill() write at once.
 PERSIST_EVERY_S = 0.2
+
+
+def _actor_id() -> str:
+    import ray
+
+    actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    return actor or f"pid{os.getpid()}"
 
 
 def _sealed_from_json(d: dict | None) -> lg.Sealed | None:
@@ -80,6 +88,10 @@ class CoordinatorActor:
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
         self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                      self._lock)
+        # Resizes so far (persisted), and the nodes whose views must hear of the next one.
+        self._generation = 0
+        self._nodes: set[str] = set()
+        self._generation_file = file_name(_actor_id())
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch,
                                                     packed=self._packed is not None)
@@ -108,6 +120,7 @@ class CoordinatorActor:
                 storage.join(self._dir, name), **self._io))
         if ledger.sealed is not None:
             self._history.add(ledger.sealed)
+        self._generation = saved.get("generation", 0)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
                     ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
         return ledger
@@ -122,6 +135,7 @@ class CoordinatorActor:
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
                        "epoch": led.epoch, "sealed": led.sealed and asdict(led.sealed)},
             **({"packed": self._packed.to_json()} if self._packed is not None else {}),
+            "generation": self._generation,
         }, fsync=durable, **self._io)
 
     def persist(self) -> None:
@@ -165,6 +179,16 @@ class CoordinatorActor:
                              global_step=sealed.step)
 
     # ----------------------------------------------------------------- progress
+
+    def attach(self, topology: Topology, node_id: str | None = None
+               ) -> tuple[dict[str, Any], int, str]:
+        """A new view's start: its state (see :meth:`start`), the generation it belongs to
+        and the name of the file that publishes the generation on node ``node_id``."""
+        with self._lock:
+            state = self.start(topology)
+            if node_id is not None:
+                self._nodes.add(node_id)
+            return state, self._generation, self._generation_file
 
     def start(self, topology: Topology) -> dict[str, Any]:
         """The state a new view of ``topology`` starts from (resizing if needed)."""
@@ -258,11 +282,18 @@ class CoordinatorActor:
         return self._state(self._ledger.zero(self._spec.epoch))
 
     def resize(self, world_size: int) -> dict[str, Any]:
+        """Redistribute the splits over ``world_size`` ranks from the latest sealed step; the
+        views of the old size stop at their next batch (the new generation is published on
+        their nodes before this returns)."""
         with self._lock:
             sealed = lg.resize(self._ledger, world_size)
             self._rank_progress.clear()
+            self._generation += 1
             self._persist(durable=True)
-            return self._state(sealed)
+            generation, nodes, state = self._generation, set(self._nodes), self._state(sealed)
+        # Outside the lock (reports and new views go on meanwhile), but before returning.
+        publish_on_nodes(self._generation_file, generation, nodes)
+        return state
 
     def set_epoch(self, epoch: int) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 from ..plan.splits import SplitPlan
 from ..plan.table import TableRef
 from ..read.take import take_in_order
-from ..read.tokens import auto_budget, split_token_totals
+from ..read.tokens import auto_budget, say_auto_budget, split_token_totals
 from ..state import format as st
 from ..state import ledger as lg
 from ..state.packed import (
@@ -74,12 +75,13 @@ class PackedRun:
 
     def _count(self, table: TableRef, plan: SplitPlan) -> None:
         o, epoch = self.options, plan.spec.epoch
+        started = time.monotonic()
         totals = split_token_totals(table, plan, range(self.num_splits), o.column,
                                     plan.spec.filter, remote=True)
         self.budgets = {e: b for e, b in self.budgets.items() if e >= epoch - 1}
         self.budgets[epoch] = auto_budget(int(totals.sum()), o.block_len, self.num_splits)
-        logger.info("blocks_per_epoch='auto': %d blocks for epoch %d, from an exact count "
-                    "of %d tokens", self.budgets[epoch], epoch, int(totals.sum()))
+        say_auto_budget(self.budgets[epoch], o.block_len, int(totals.sum()),
+                        plan.split_len * self.num_splits, plan.spec, time.monotonic() - started)
 
     def status(self, sealed: lg.Sealed) -> dict[str, Any]:
         """Blocks of ``sealed`` and of the epoch (None while an ``"auto"`` count is due)."""

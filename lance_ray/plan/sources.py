@@ -19,6 +19,7 @@ from ..state import ledger as lg
 from ..state.reporting import Reporter, ReportPolicy
 from ..topology import Topology
 from .background import BackgroundPlans
+from .generation import GenerationWatch, publish
 from .index import build_index_plan
 from .splits import PlanSpec, SplitPlan, build_plan, check_epoch_seed
 from .table import TableRef
@@ -53,6 +54,11 @@ class PlanSource(Protocol):
     def pack_budget(self, epoch: int) -> int | None:
         """A packed run's ``blocks_per_epoch`` of ``epoch`` when this source decides it
         (None: the view resolves its own)."""
+        ...
+
+    def check_current(self, *, rows: bool = False) -> None:
+        """Raise ``StaleReport`` if the plan this view reads was replaced (a coordinator's
+        resize); called before each delivery (``rows``: a per-sample one), so it is cheap."""
         ...
 
 
@@ -96,6 +102,9 @@ class LocalPlans:
         return None
 
     def pack_budget(self, epoch: int) -> int | None:
+        return None
+
+    def check_current(self, *, rows: bool = False) -> None:
         return None
 
 
@@ -207,6 +216,8 @@ class CoordinatorPlans:
         self.handle = handle
         self.policy = policy or ReportPolicy()
         self._reporter = Reporter(_ActorChannel(handle), self.policy)
+        self._watch: GenerationWatch | None = None  # set when the view attaches
+        self._world_size: int | None = None
 
     @classmethod
     def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
@@ -224,8 +235,26 @@ class CoordinatorPlans:
         return _ray().get(self.handle.pack_budget.remote(epoch))
 
     def start(self, topology: Topology) -> dict[str, Any]:
-        """The state a new view of ``topology`` starts from (the coordinator may resize)."""
-        return _ray().get(self.handle.start.remote(topology))
+        """The state a new view of ``topology`` starts from (the coordinator may resize);
+        from now on the view watches the coordinator's generation on this node."""
+        ray = _ray()
+        node = ray.get_runtime_context().get_node_id()
+        state, generation, name = ray.get(self.handle.attach.remote(topology, node))
+        publish(name, generation)  # never lowers it: a resize since attach stays visible
+        self._watch = GenerationWatch(name, generation)
+        self._world_size = topology.world_size
+        return state
+
+    def check_current(self, *, rows: bool = False) -> None:
+        watch = self._watch
+        seen = None if watch is None else watch.newer(rows=rows)
+        if watch is not None and seen is not None:
+            raise lg.StaleReport(
+                f"the coordinator was resized since this view of world size "
+                f"{self._world_size} attached (generation {seen}, the view's "
+                f"{watch.generation}): this view is stale and stops here, before "
+                "handing out another batch; create the views of the new world size "
+                "(Coordinator.view / StreamingDataset.from_coordinator)")
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
         return _ray().get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
@@ -242,7 +271,9 @@ class CoordinatorPlans:
         _ray().get(self.handle.set_epoch.remote(epoch))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "policy": self.policy}
+        return {"handle": self.handle, "policy": self.policy, "watch": self._watch,
+                "world_size": self._world_size}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["handle"], state["policy"])  # type: ignore[misc]
+        self._watch, self._world_size = state.get("watch"), state.get("world_size")

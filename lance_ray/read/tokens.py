@@ -9,12 +9,13 @@ otherwise) and the counts are summed per split with the plan's row ids.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 import pyarrow.compute as pc
 
-from ..plan.splits import SplitPlan
+from ..plan.splits import PlanSpec, SplitPlan
 from ..plan.table import TableRef
 
 logger = logging.getLogger(__name__)
@@ -82,3 +83,18 @@ def auto_budget(total_tokens: int, block_len: int, num_splits: int) -> int:
     rounded down to a multiple of ``num_splits`` (at least ``num_splits``)."""
     blocks = total_tokens // block_len
     return max(num_splits, blocks - blocks % num_splits)
+
+
+def say_auto_budget(budget: int, block_len: int, tokens: int, rows: int, spec: PlanSpec,
+                    seconds: float) -> None:
+    """Say once what ``blocks_per_epoch="auto"`` counted and how long it took: logged, and
+    with a filter also a ``UserWarning``, where the reference warns about its estimate."""
+    message = (f"blocks_per_epoch='auto' is {budget} blocks of {block_len} tokens for epoch "
+               f"{spec.epoch}: an exact count of {tokens} tokens (one eos_id per document "
+               f"included) in the {rows} planned rows{' left by the filter' if spec.filter else ''}"
+               f", taking {seconds:.2f} s. lancedb.streaming resolves 'auto' from an approximate "
+               "token-count sample instead, so the two may differ: pass "
+               f"blocks_per_epoch={budget} to read this epoch's blocks elsewhere")
+    logger.info(message)
+    if spec.filter is not None:
+        warnings.warn(message, UserWarning, stacklevel=2)

@@ -62,7 +62,9 @@ class Progress:
     world_size: int | None = None  # None: unknown (reference-format state)
     rank: int | None = None  # None: a merged state that covers every split
     global_step: int | None = None
-    lockstep: bool = False  # a rank's state whose other splits follow from its own
+    # A rank's state whose other splits follow from its own (every rank delivered as many
+    # samples); it names no rank, as every rank of the run writes the same one.
+    lockstep: bool = False
 
     @property
     def is_complete(self) -> bool:
@@ -219,7 +221,7 @@ def parse_state(state: object, split_len: int | None = None, *, packed: bool = F
         raise ValueError(f"checkpoint global_step {step!r} must be a non-negative integer")
     if not isinstance(lockstep := extra.get("lockstep", False), bool):
         raise ValueError(f"checkpoint lockstep {lockstep!r} must be true or false")
-    return Progress(samples, positions, world_size, rank, step, lockstep and rank is not None)
+    return Progress(samples, positions, world_size, rank, step, lockstep)
 
 
 def check_compatible(state: dict, identity: PlanIdentity) -> None:

@@ -8,6 +8,7 @@ docs/migrating.md.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -21,7 +22,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_PREFETCH_BATCHES = 2
 UNTRACKED = ("StreamingDataset cannot checkpoint after a plain torch DataLoader with "
              "num_workers > 0 read it: its workers' progress never reaches this process. Use "
-             "lance_ray.StreamingDataLoader, which commits each batch when next() returns it")
+             "StreamingDataLoader instead (lance_ray.StreamingDataLoader), which commits each "
+             "batch when next() returns it")
 
 
 class WorkerInfo(Protocol):
@@ -54,8 +56,14 @@ class ReferenceOptions:
 
 
 def prefetch_depth(prefetch_batches: int | None, io_queue_depth: int | None) -> int:
-    """Reads kept in flight: ``io_queue_depth`` is the reference's name for it."""
+    """Reads kept in flight: ``io_queue_depth``; ``prefetch_batches`` is its deprecated alias
+    (warned about, as the reference does)."""
     positive_or_default("io_queue_depth", io_queue_depth)
+    if prefetch_batches is not None:
+        message = ("prefetch_batches is deprecated; use io_queue_depth (the same setting: "
+                   "reads kept in flight)")
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+        logger.warning(message)
     if io_queue_depth is None:
         return DEFAULT_PREFETCH_BATCHES if prefetch_batches is None else prefetch_batches
     if prefetch_batches is not None and prefetch_batches != io_queue_depth:

@@ -30,7 +30,6 @@ from ..stream.cursor import Cursor
 from ..stream.order import RankStream
 from ..topology import Topology
 from .compat import (
-    DEFAULT_PREFETCH_BATCHES,
     UNTRACKED,
     WorkerInfo,
     current_worker,
@@ -40,7 +39,7 @@ from .compat import (
 )
 from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
-from .pack_args import attached_packing, pack_options, refuse_unsupported
+from .pack_args import attached_packing, check_pack_arguments, pack_options, refuse_unsupported
 from .packed import PackedView
 from .placement import placed, placement
 from .properties import ViewProperties
@@ -93,8 +92,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         read_bytes, read_batch_size: bytes (default 16 MB, 64 MB on the Ray reader, from
             the row width) and most rows per read; reads grow to them from 4 MB (at most
             4096 rows).
-        prefetch_batches, prefetch_bytes: reads kept in flight, and most bytes of them
-            (default 128 MB).
+        io_queue_depth, prefetch_bytes: reads kept in flight (``prefetch_batches``: the
+            deprecated alias), and most bytes of them (default 128 MB).
         reader: ``"auto"`` (default: ``"ray"`` when this process is connected to a Ray
             cluster, else ``"local"``; never starts Ray), ``"ray"`` or ``"local"``.
         table_version: pin this table version (default: the table's current version).
@@ -107,7 +106,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
             build step at any table size, with its own order and checkpoints (docs/plans.md).
-        io_queue_depth, transform_parallelism, transform_queue_depth,
+        transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.view.compat` for what each means here.
         pack_sequences, eos_id, pad_id, blocks_per_epoch, pack_position_ids, pack_cu_seqlens:
@@ -158,6 +157,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
             connection_factory=connection_factory, worker_info_override=worker_info_override)
         positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
+        # Packing arguments first, as the reference checks them (before the table is read).
+        check_pack_arguments(num_splits, pack_sequences, eos_id, pad_id, blocks_per_epoch)
         resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
                                 shuffle_seed=shuffle_seed, epoch=epoch,
                                 shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
@@ -192,7 +193,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         on_transform_error: ErrorPolicy = "raise",
         fill_value: Any = None,
         read_batch_size: int = DEFAULT_READ_BATCH_SIZE,
-        prefetch_batches: int = DEFAULT_PREFETCH_BATCHES,
+        io_queue_depth: int | None = None,
+        prefetch_batches: int | None = None,
         reader: str = "auto",
         ray_remote_args: dict[str, Any] | None = None,
         pack_position_ids: bool = False,
@@ -218,7 +220,8 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         if self._packing is not None:
             columns = [self._packing.column]
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
-                           read_batch_size, prefetch_batches, reader, ray_remote_args)
+                           read_batch_size, prefetch_depth(prefetch_batches, io_queue_depth),
+                           reader, ray_remote_args)
         topology = Topology(rank, world_size)
         self._init_view(table_ref, spec, plans, topology, read)
         self.load_state_dict(plans.start(topology))
@@ -325,7 +328,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         drops = self._transform is not None and self._transform.drops_rows
         derived = None if drops else c.lockstep_progress(self.num_splits)
         if derived is not None:
-            return st.make_state(self._identity, *derived, world_size=ws, rank=self._rank,
+            # No rank: every rank of a lockstep run writes this same state (one file
+            # resumes any topology, as in the reference).
+            return st.make_state(self._identity, *derived, world_size=ws, rank=None,
                                  global_step=c.batches, lockstep=True)
         if len(c.splits) != len(self._owned):
             raise RuntimeError(

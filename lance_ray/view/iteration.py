@@ -79,3 +79,23 @@ class Commits:
             yield held
         finally:
             self._held = None
+
+
+class OneIterator:
+    """The rule of one live iterator per view, shared by its own iterators and those of
+    every ``StreamingDataLoader`` over it (``CONCURRENT``)."""
+
+    _lease: weakref.ref[Iterator[Any]] | None
+
+    def _reserve(self, iterator: Iterator[Any]) -> None:
+        """Make ``iterator`` (not started yet) the view's one live iterator now, refusing
+        if another one is live (a loader's iterator reserves when it is created)."""
+        lease = weakref.ref(iterator)
+        self._refuse_concurrent(lease)
+        self._lease = lease
+
+    def _refuse_concurrent(self, lease: weakref.ref[Iterator[Any]] | None) -> None:
+        active = self._lease() if self._lease is not None else None
+        if active is not None and getattr(active, "gi_frame", None) is not None and (
+                lease is None or active is not lease()):
+            raise RuntimeError(CONCURRENT)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, NamedTuple, cast
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -111,6 +111,26 @@ class _InOrder:
         stop_workers(self.inner)
 
 
+class _LoaderIterator:
+    """What ``iter(StreamingDataLoader)`` returns. ``close()`` (or torch's name for it,
+    ``_shutdown_workers()``) stops its workers and gives up the dataset's lease at once;
+    so does exhausting it, and so does dropping it (when it is collected)."""
+
+    def __init__(self, run: Generator[Any, None, None]):
+        self._run = run
+
+    def __iter__(self) -> _LoaderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._run)
+
+    def close(self) -> None:
+        self._run.close()
+
+    _shutdown_workers = close
+
+
 class StreamingDataLoader(DataLoader):
     """A ``DataLoader`` over a :class:`StreamingDataset` with exact, consumer-committed state.
 
@@ -149,10 +169,10 @@ class StreamingDataLoader(DataLoader):
             )
         if type(dataset).__iter__ is not StreamingDataset.__iter__:
             raise TypeError(
-                f"StreamingDataLoader cannot load {type(dataset).__name__}: it overrides "
-                "__iter__, which the loader never calls (it reads the dataset's batches "
-                "itself), so the override would be silently ignored. Iterate the subclass "
-                "with a plain loop, or move its logic into a transform"
+                f"StreamingDataLoader cannot load {type(dataset).__name__}: datasets it loads "
+                "must not override __iter__, which the loader never calls (it reads the "
+                "dataset's batches itself), so the override would be silently ignored. "
+                "Iterate the subclass with a plain loop, or move its logic into a transform"
             )
         positive_int("batch_size", batch_size)
         if drop_last:
@@ -207,9 +227,15 @@ class StreamingDataLoader(DataLoader):
     def streaming_dataset(self) -> StreamingDataset:
         return self._streaming_dataset
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+    def __iter__(self) -> _LoaderIterator:  # type: ignore[override]
+        """A new iterator, holding the dataset's one-iterator lease from now on: refused
+        (``RuntimeError``, "concurrent iteration") while another iterator of the dataset,
+        or of any loader over it, is live, i.e. not yet exhausted, closed or collected."""
         view = self._streaming_dataset
-        return leased(lambda lease: placed(lambda: self._run(lease), self._placement, view))
+        run = cast("Generator[Any, None, None]", leased(  # a generator, placed or not
+            lambda lease: placed(lambda: self._run(lease), self._placement, view)))
+        view._reserve(run)
+        return _LoaderIterator(run)
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset

@@ -37,12 +37,34 @@ def pack_options(table: TableRef, columns: list[str] | None, transform: object,
                  pad_id: int | None, blocks_per_epoch: int | str | None,
                  position_ids: bool = False, cu_seqlens: bool = False) -> PackOptions | None:
     """The reference's packing validation, plus clear errors where it is silent."""
+    if pack_sequences is None and (position_ids or cu_seqlens):
+        raise ValueError("pack_position_ids and pack_cu_seqlens require pack_sequences")
+    if not check_pack_arguments(num_splits, pack_sequences, eos_id, pad_id, blocks_per_epoch):
+        return None
+    if transform is not None:
+        raise ValueError(TRANSFORM_REFUSED)
+    if columns is None or len(columns) != 1:
+        raise ValueError("pack_sequences requires columns to name exactly one list-typed "
+                         f"column of token ids, got columns={columns!r}")
+    kind = table.open_lance().schema.field(columns[0]).type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+            or pa.types.is_fixed_size_list(kind)):
+        raise ValueError(f"pack_sequences requires a list-typed token column; {columns[0]} "
+                         f"has type {kind}")
+    if not pa.types.is_integer(kind.value_type):
+        raise ValueError("pack_sequences requires a token column with integer values; "
+                         f"{columns[0]} has value type {kind.value_type}")
+    return PackOptions(pack_sequences, eos_id, pad_id, blocks_per_epoch,  # type: ignore[arg-type]
+                       columns[0], bool(position_ids), bool(cu_seqlens))
+
+
+def check_pack_arguments(num_splits: int, pack_sequences: int | None, eos_id: int | None,
+                         pad_id: int | None, blocks_per_epoch: int | str | None) -> bool:
+    """Validate the packing arguments that need no table; returns whether packing is on."""
     if pack_sequences is None:
         if blocks_per_epoch is not None:
             raise ValueError("blocks_per_epoch requires pack_sequences")
-        if position_ids or cu_seqlens:
-            raise ValueError("pack_position_ids and pack_cu_seqlens require pack_sequences")
-        return None
+        return False
     if not _is_int(pack_sequences) or pack_sequences <= 0:
         raise ValueError(f"pack_sequences must be greater than 0 (an integer block length), "
                          f"got {pack_sequences!r}")
@@ -68,21 +90,7 @@ def pack_options(table: TableRef, columns: list[str] | None, transform: object,
             raise ValueError(f"blocks_per_epoch ({blocks_per_epoch}) must be divisible by "
                              f"num_splits ({num_splits}); every split emits the same number "
                              f"of blocks (e.g. blocks_per_epoch={near})")
-    if transform is not None:
-        raise ValueError(TRANSFORM_REFUSED)
-    if columns is None or len(columns) != 1:
-        raise ValueError("pack_sequences requires columns to name exactly one list-typed "
-                         f"column of token ids, got columns={columns!r}")
-    kind = table.open_lance().schema.field(columns[0]).type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-            or pa.types.is_fixed_size_list(kind)):
-        raise ValueError(f"pack_sequences requires a list-typed token column; {columns[0]} "
-                         f"has type {kind}")
-    if not pa.types.is_integer(kind.value_type):
-        raise ValueError("pack_sequences requires a token column with integer values; "
-                         f"{columns[0]} has value type {kind.value_type}")
-    return PackOptions(pack_sequences, eos_id, pad_id, blocks_per_epoch,  # type: ignore[arg-type]
-                       columns[0], bool(position_ids), bool(cu_seqlens))
+    return True
 
 
 RUN_PACKING_ARGUMENTS = ("pack_sequences", "eos_id", "pad_id", "blocks_per_epoch")

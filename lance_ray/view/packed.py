@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -23,7 +24,7 @@ import torch
 
 from ..read.ahead import ahead
 from ..read.documents import DocumentReads
-from ..read.tokens import auto_budget, split_token_totals
+from ..read.tokens import auto_budget, say_auto_budget, split_token_totals
 from ..state import format as st
 from ..state.ledger import RankReport
 from ..state.packed import (
@@ -101,7 +102,7 @@ class PackedView:
     # Provided by StreamingDataset and Reading.
     _refuse_concurrent: Callable[[Any], None]
     _claim: Callable[[Any], Any]
-    _check_generation: Callable[[int], None]
+    _check_generation: Callable[..., None]
     _where: Callable[[], str]
     _read_rows: Callable[..., Iterator[ChunkResult]]
     _new_cursor: Callable[..., None]
@@ -119,14 +120,14 @@ class PackedView:
         if budget == "auto" and (decided := self._plans.pack_budget(self._spec.epoch)):
             budget = decided  # the coordinator counted the epoch's tokens once for all views
         if budget == "auto":
+            started = time.monotonic()
             plan = self._plans.part(self._spec, range(s))
             totals = split_token_totals(self._table, plan, range(s), o.column,
                                         self._spec.filter, remote=self._remote_counts())
             budget = auto_budget(int(totals.sum()), o.block_len, s)
             self._pack_totals = totals[self._owned]
-            logger.info("blocks_per_epoch='auto': %d blocks of %d tokens, from an exact count "
-                        "of %d tokens in epoch %d", budget, o.block_len, int(totals.sum()),
-                        self._spec.epoch)
+            say_auto_budget(budget, o.block_len, int(totals.sum()), plan.split_len * s,
+                            self._spec, time.monotonic() - started)
         assert isinstance(budget, int)
         self._pack_budget = budget
         self._pack_config = PackConfig(o.block_len, o.eos_id, o.pad_id, budget // s)
@@ -282,7 +283,7 @@ class PackedView:
     def _packed_commit(self, generation: int, splits: tuple[int, ...], snapshot: Snapshot,
                        blocks: int, cost: ReadCost, wait_s: float, batches: int) -> None:
         """Commit one handed-over batch of ``blocks`` (the packers' ``snapshot`` after it)."""
-        self._check_generation(generation)
+        self._check_generation(generation, rows=not batches)
         self._pack_live = (splits, snapshot)
         self._cursor.commit(0, batches)
         if batches and self._plans.wants_reports:

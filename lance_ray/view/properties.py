@@ -39,6 +39,15 @@ class ViewProperties:
         return self._spec.num_splits
 
     @property
+    def shuffle_seed(self) -> int:
+        """The resolved shuffle seed (``shuffle_seed=None`` picks one at construction)."""
+        return self._spec.shuffle_seed
+
+    # lancedb.streaming's private names for the two, which its users read (migrating.md).
+    _num_splits = num_splits
+    _shuffle_seed = shuffle_seed
+
+    @property
     def rank(self) -> int:
         return self._rank
 

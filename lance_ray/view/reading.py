@@ -28,11 +28,12 @@ from ..read.transform import Failed, Skipped
 from ..stream.order import RankStream
 from ..stream.survivors import Interleaver
 from .compat import current_worker, worker_share
-from .iteration import CONCURRENT, Commits, Lease, Survivor, every_row, timed
+from .iteration import Commits, Lease, OneIterator, Survivor, every_row, timed
 from .readers import make_reader
 from .stats import progress_bar
 
 if TYPE_CHECKING:
+    from ..plan.sources import PlanSource
     from ..plan.splits import PlanSpec, SplitPlan
     from ..plan.table import TableRef
     from ..read.transform import TransformPolicy
@@ -104,7 +105,7 @@ class Pass:
 
     def _deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float,
                  batches: int, survivors: list[tuple[int, int]] | None) -> None:
-        self.view._check_generation(self.generation)
+        self.view._check_generation(self.generation, rows=not batches)
         self.view._delivered(size, cost, skipped, wait_s, batches=batches,
                              survivors=survivors)
 
@@ -123,7 +124,7 @@ class Pass:
             view._gauge.stop()
 
 
-class Reading(Commits):
+class Reading(OneIterator, Commits):
     """Reading and delivering, for :class:`~lance_ray.view.dataset.StreamingDataset`."""
 
     _options: ReferenceOptions
@@ -138,6 +139,7 @@ class Reading(Commits):
     _spec: PlanSpec
     _owned: list[int]
     _rank: int
+    _plans: PlanSource
     _cursor: Cursor
     _meter: Meter
     _gauge: Gauge
@@ -308,12 +310,6 @@ class Reading(Commits):
         self._gauge.start(len(every_row(stream) if self._drops else stream))
         return Pass(self, stream, self._cursor.generation)
 
-    def _refuse_concurrent(self, lease: weakref.ref[Iterator[Any]] | None) -> None:
-        active = self._lease() if self._lease is not None else None
-        if active is not None and getattr(active, "gi_frame", None) is not None and (
-                lease is None or active is not lease()):
-            raise RuntimeError(CONCURRENT)
-
     def _claim(self, lease: weakref.ref[Iterator[Any]] | None) -> WorkerInfo | None:
         """Make ``lease`` the view's iterator, of a fresh generation; the DataLoader worker
         this process is (None outside one)."""
@@ -324,12 +320,15 @@ class Reading(Commits):
         self._lease = lease
         return worker
 
-    def _check_generation(self, generation: int) -> None:
+    def _check_generation(self, generation: int, *, rows: bool = False) -> None:
+        """Raise unless the iterator of ``generation`` may deliver: not superseded here, and
+        its plan not replaced by the coordinator (``rows``: a per-sample delivery)."""
         if generation != self._cursor.generation:
             raise RuntimeError(
                 "this iterator was superseded by load_state_dict() or set_epoch(); create "
                 "a new iterator to continue"
             )
+        self._plans.check_current(rows=rows)
 
     @property
     def _drops(self) -> bool:
