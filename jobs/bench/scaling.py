@@ -12,9 +12,11 @@ ideal is N / W rows/s. For each N, in one fresh Ray (a child process each), side
   ``preserve_order``, ``iter_batches(256)``);
 * the reference, ``lancedb.streaming.StreamingDataset`` with N transform threads.
 
-Each also reports the trainer process's own CPU per row (``getrusage(RUSAGE_SELF)`` around
-the pass: the copy out of the object store, conversion and batching; Ray's workers are
-other processes). The multi-node variant starts a ``ray.cluster_utils.Cluster``: a head of
+Each reader first makes a small warm-up pass (a process's first Ray Data pipeline starts
+seconds slower than the next). Each also reports the trainer process's own CPU per row
+(``getrusage(RUSAGE_SELF)`` around the pass: the copy out of the object store, conversion
+and batching; Ray's workers are other processes). The multi-node variant starts a
+``ray.cluster_utils.Cluster``: a head of
 1 CPU (the trainer) plus 1, 2, 4 CPU-only nodes of 4 CPUs carrying a custom resource, and
 ``ray_remote_args`` place the reads and transforms there. Results: ``<out>/scaling.json``
 and ``<out>/scaling_nodes.json`` (the shared bench format).
@@ -40,6 +42,7 @@ import pyarrow as pa
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
        "RAY_USAGE_STATS_ENABLED": "0"}
 BATCH = 256
+WARM_ROWS = 2000
 PASS_SECONDS = 3.0  # rows per case: about this long at the ideal rate
 # (declared CPUs, seconds of wait per row)
 CPU_CASES = ((4, 0.008), (8, 0.004), (16, 0.002), (64, 0.008))
@@ -159,9 +162,15 @@ def cpus_child(cpus: int, wait: float) -> dict[str, Any]:
     rows = int(ideal * PASS_SECONDS)
     with tempfile.TemporaryDirectory() as db:
         table = make_table(db, rows)
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                 log_to_driver=False)
         try:
             warm_workers(cpus)
+            # A first Ray Data pipeline in a process starts seconds slower than the next
+            # ones (imports, the executor's first start): warm each reader up first.
+            small = make_table(db, WARM_ROWS)
+            ray_reader(small, WARM_ROWS, wait / 8)
+            plain_ray_data(small, WARM_ROWS, wait / 8)
             out: dict[str, Any] = {"cpus": cpus, "wait_ms": wait * 1e3, "rows": rows,
                                    "ideal": ideal}
             out["ray_reader"] = ray_reader(table, rows, wait)
@@ -189,6 +198,8 @@ def nodes_child(nodes: int) -> dict[str, Any]:
         warm_workers(nodes * NODE_CPUS, where)
         with tempfile.TemporaryDirectory() as db:
             table = make_table(db, rows)
+            small = make_table(db, WARM_ROWS)
+            ray_reader(small, WARM_ROWS, NODE_WAIT / 8, ray_remote_args={"resources": where})
             got = ray_reader(table, rows, NODE_WAIT, ray_remote_args={"resources": where})
     finally:
         ray.shutdown()
