@@ -12,13 +12,14 @@ ideal is N / W rows/s. For each N, in one fresh Ray (a child process each), side
   ``preserve_order``, ``iter_batches(256)``);
 * the reference, ``lancedb.streaming.StreamingDataset`` with N transform threads.
 
-Each reader first makes a small warm-up pass (a process's first Ray Data pipeline starts
-seconds slower than the next). Each also reports the trainer process's own CPU per row
-(``getrusage(RUSAGE_SELF)`` around the pass: the copy out of the object store, conversion
-and batching; Ray's workers are other processes). The multi-node variant starts a
-``ray.cluster_utils.Cluster``: a head of
-1 CPU (the trainer) plus 1, 2, 4 CPU-only nodes of 4 CPUs carrying a custom resource, and
-``ray_remote_args`` place the reads and transforms there. Results: ``<out>/scaling.json``
+Each Ray reader first makes a faster warm-up pass of the same table (a process's first Ray
+Data pipeline starts seconds slower than the next, and its first tasks start workers). Each
+also reports the trainer process's own CPU per row (``getrusage(RUSAGE_SELF)`` around the
+pass: the copy out of the object store, conversion and batching; Ray's workers are other
+processes). The multi-node variant starts a ``ray.cluster_utils.Cluster``: a head of 1 CPU
+(the trainer) plus 1, 2, 4 CPU-only nodes of 4 CPUs carrying a custom resource, and
+``ray_remote_args`` place the reads and transforms there.
+Results: ``<out>/scaling.json``
 and ``<out>/scaling_nodes.json`` (the shared bench format).
 """
 
@@ -42,7 +43,6 @@ import pyarrow as pa
 ENV = {"RAY_AUTH_MODE": "disabled", "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
        "RAY_USAGE_STATS_ENABLED": "0"}
 BATCH = 256
-WARM_ROWS = 2000
 PASS_SECONDS = 3.0  # rows per case: about this long at the ideal rate
 # (declared CPUs, seconds of wait per row)
 CPU_CASES = ((4, 0.008), (8, 0.004), (16, 0.002), (64, 0.008))
@@ -136,20 +136,23 @@ def plain_ray_data(table: Any, rows: int, wait: float) -> dict[str, float]:
     return timed(rows, ds.iter_batches(batch_size=BATCH, batch_format="numpy"))
 
 
-def reference(table: Any, rows: int, wait: float, threads: int) -> dict[str, float]:
+def reference(table: Any, rows: int, transform: Any, threads: int | None
+              ) -> dict[str, float]:
+    """``lancedb.streaming`` with ``transform`` on ``threads`` threads (None: its default),
+    items gathered into batches of ``BATCH`` (arrays stacked)."""
     from lancedb.streaming import StreamingDataset
 
-    ds = StreamingDataset(table, transform=Wait(wait), transform_parallelism=threads)
+    ds = StreamingDataset(table, transform=transform, transform_parallelism=threads)
 
     def batches() -> Any:
         batch: list[Any] = []
         for item in ds:
             batch.append(item)
             if len(batch) == BATCH:
-                yield np.stack(batch)
+                yield np.stack(batch) if isinstance(item, np.ndarray) else batch
                 batch = []
         if batch:
-            yield np.stack(batch)
+            yield np.stack(batch) if isinstance(batch[0], np.ndarray) else batch
 
     return timed(rows, batches())
 
@@ -167,17 +170,18 @@ def cpus_child(cpus: int, wait: float) -> dict[str, Any]:
         try:
             warm_workers(cpus)
             # A first Ray Data pipeline in a process starts seconds slower than the next
-            # ones (imports, the executor's first start): warm each reader up first.
-            small = make_table(db, WARM_ROWS)
-            ray_reader(small, WARM_ROWS, wait / 8)
-            plain_ray_data(small, WARM_ROWS, wait / 8)
+            # ones (imports, the executor's first start), and the first pass of a shape
+            # starts Ray worker processes (two at a time on two cores): warm each reader
+            # up with a faster pass of the same table.
+            ray_reader(table, rows, wait / 8)
+            plain_ray_data(table, rows, wait / 8)
             out: dict[str, Any] = {"cpus": cpus, "wait_ms": wait * 1e3, "rows": rows,
                                    "ideal": ideal}
             out["ray_reader"] = ray_reader(table, rows, wait)
             out["plain_ray_data"] = plain_ray_data(table, rows, wait)
         finally:
             ray.shutdown()
-        out["reference"] = reference(table, rows, wait, cpus)
+        out["reference"] = reference(table, rows, Wait(wait), cpus)
     return out
 
 
@@ -198,8 +202,7 @@ def nodes_child(nodes: int) -> dict[str, Any]:
         warm_workers(nodes * NODE_CPUS, where)
         with tempfile.TemporaryDirectory() as db:
             table = make_table(db, rows)
-            small = make_table(db, WARM_ROWS)
-            ray_reader(small, WARM_ROWS, NODE_WAIT / 8, ray_remote_args={"resources": where})
+            ray_reader(table, rows, NODE_WAIT / 8, ray_remote_args={"resources": where})
             got = ray_reader(table, rows, NODE_WAIT, ray_remote_args={"resources": where})
     finally:
         ray.shutdown()
