@@ -76,7 +76,8 @@ def _shape(rows=100_000, slots=8, spr=0.004, out=12_288, store=1 << 40, cap=None
 def test_a_pass_is_spread_over_every_slot_in_tasks_of_bounded_work():
     shape = _shape(rows=6000)
     assert shape.rows == 6000 // (8 * scale.WAVES)  # 1 s of work: within the bounds
-    assert shape.budget == 2 * 8 * shape.task_bytes  # one running, one waiting per slot
+    # One running and the rest waiting per slot.
+    assert shape.budget == scale.OUTPUTS_PER_SLOT * 8 * shape.task_bytes
     # A long pass: tasks of at most MAX_TASK_SECONDS; a short one: at least MIN.
     assert _shape(rows=10**7).rows == int(scale.MAX_TASK_SECONDS / 0.004)
     assert _shape(rows=100).rows == int(scale.MIN_TASK_SECONDS / 0.004)

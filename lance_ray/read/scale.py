@@ -5,7 +5,8 @@ run at once (the task *slots*: the CPUs, or the resources ``ray_remote_args`` as
 the reads may use), how many rows each task takes (the pass spread over the slots in a few
 waves, each task between a minimum that pays for Ray's fixed cost per task and a maximum,
 at the transform's measured cost per row), and how many bytes of output may be in flight
-(one task running and one waiting per slot, within the object store's share). The user's
+(a few tasks' output per slot: one running, the rest waiting, within the object store's
+share). The user's
 ``prefetch_bytes`` only caps that memory. Pure functions, Ray at the edge (``capacity``).
 """
 
@@ -30,6 +31,10 @@ WAVES = 3
 # memory for transforms whose output is large).
 MIN_TASK_SECONDS = 0.25
 MAX_TASK_SECONDS = 2.0
+# Task outputs per slot the run-ahead holds: one running and the rest done, waiting for the
+# consumer. Two left slots idle behind the driver's own latency in moving blocks (a block
+# reached the consumer up to a second after its task ended on a loaded machine).
+OUTPUTS_PER_SLOT = 4
 # The share of the object store one pipeline's outputs may fill (Ray Data's own executor
 # limit is half of it; the rest is other work's).
 STORE_SHARE = 0.25
@@ -125,7 +130,8 @@ def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
         # Outputs of unknown size: the run-ahead bound counts what Ray Data measures of
         # them, within the memory.
         return TaskShape(rows, task_bytes, memory, short)
-    return TaskShape(rows, task_bytes, max(task_bytes, min(memory, 2 * cap.slots * task_bytes)),
+    return TaskShape(rows, task_bytes,
+                     max(task_bytes, min(memory, OUTPUTS_PER_SLOT * cap.slots * task_bytes)),
                      short)
 
 
