@@ -31,6 +31,7 @@ bench: venv
 	$(PY) -m jobs.bench
 	$(PY) -m jobs.bench.paired
 	$(PY) -m jobs.bench.reservation
+	$(PY) -m jobs.bench.scaling
 
 clean:
 	rm -rf $(VENV) runs
