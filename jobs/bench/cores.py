@@ -139,7 +139,9 @@ class Writer:
                         "Limit: the single-thread rate of the work (PNG decode + normalise; "
                         "a sequential scan for 64 KB rows) measured in the same run, times "
                         "the cores. The probe's limit is the ideal N / 2 ms.",
-                        "Trainer CPU: the consuming process's own CPU (getrusage) per row."]}
+                        "Trainer CPU: the consuming process's own CPU (getrusage) per row.",
+                        "The Ray reader transforms its first rows in the trainer while its "
+                        "pipeline starts (a thread beyond N): a short probe can pass N/W."]}
 
     def add(self, case: str, reader: str, rows_s: float, limit: float, cpu: float) -> None:
         self.rows.append([case, reader, round(rows_s), round(rows_s / limit, 3), round(cpu, 1)])

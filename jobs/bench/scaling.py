@@ -267,7 +267,10 @@ def main(argv: list[str]) -> None:
                     "Trainer CPU is the consuming process's own (getrusage) per row; Ray's "
                     "workers are other processes.",
                     "On 2 real cores Ray Data's fixed cost per task (~30-40 ms of CPU) is "
-                    "paid on the same cores as the trainer."], command)
+                    "paid on the same cores as the trainer.",
+                    "The Ray reader also transforms its first rows in the trainer while the "
+                    "pipeline starts (a thread beyond N), so a short pass can pass N/W."],
+                   command)
     if args.only in (None, "nodes"):
         rows = []
         base = None
