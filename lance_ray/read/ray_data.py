@@ -8,12 +8,13 @@ as ``local.LocalReader``'s.
 
 Reads grow to the view's read size (``requests.ReadSizing``: a byte target, bounded in rows),
 so each read task yields one block under the target, with its size in the block metadata.
-A transformed pass starts with one read in this process, which measures the transform's
-cost per row: the consumer then makes about a second's worth of reads itself while the
-pipeline starts (``local_head``), and the rest are joined into tasks of about a quarter
-second of work each (``tasks``). How far the pipeline runs ahead of the consumer is bounded
-by ``run_ahead`` (in place of Ray Data's resource reservation), and blocks received are held
-within the sizing's in-flight budget. (Capping the pipeline's object store memory through
+A transformed pass starts with a small read in this process, which measures the
+transform's cost and output per row: the consumer then transforms about a second's worth of
+rows itself while the pipeline starts, and the rest are cut into tasks sized from the
+cluster (``scale``: spread over the task slots, a bounded amount of work each, a few tasks'
+output per slot in flight within the object store). How far the pipeline runs ahead of the
+consumer is bounded by ``run_ahead`` (in place of Ray Data's resource reservation), and
+blocks received are held within the same budget. (Capping the pipeline's object store memory through
 Ray Data's resource limits was tried and made the first batch 7x slower here.) For the
 tensor batch path each read is converted to ``convert.Columns`` once, off the consumer's
 thread.
