@@ -21,21 +21,21 @@ import numpy as np
 import pyarrow as pa
 
 CPUS = 8
-ROWS = 3000
-WAIT_S = 0.002  # per row: holds no CPU, so N declared CPUs can overlap on two real cores
+ROWS = 2000
+WAIT_S = 0.008  # per row: holds no CPU, so N declared CPUs can overlap on two real cores
 BATCH = 64
 
 
 class Recorded:
-    """Waits ``WAIT_S`` a row, appends ``pid start end rows`` to ``path``; one
+    """Waits ``wait`` a row, appends ``pid start end rows`` to ``path``; one
     ``{"id", "image"}`` per row."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, wait: float = WAIT_S):
+        self.path, self.wait = path, wait
 
     def __call__(self, batch: pa.RecordBatch) -> list[dict]:
         started = time.time()
-        time.sleep(batch.num_rows * WAIT_S)
+        time.sleep(batch.num_rows * self.wait)
         with open(self.path, "a") as f:
             f.write(f"{os.getpid()} {started} {time.time()} {batch.num_rows}\n")
         return [{"id": i, "image": np.full((3, 8, 8), i % 251, dtype=np.uint8)}
@@ -50,6 +50,15 @@ def max_overlap(calls: list[tuple[float, float]]) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def _hold(path: str) -> None:
+    """Returns once ``CPUS`` of these run at once (each in its own worker process)."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.time() + 120
+    while len(Path(path).read_text().split()) < CPUS and time.time() < deadline:
+        time.sleep(0.05)
 
 
 def _ids(batches) -> list[int]:
@@ -68,12 +77,18 @@ def child(folder: str) -> dict:
         "t", pa.table({"id": np.arange(ROWS, dtype=np.int64), "x": np.ones(ROWS)}))
     log = os.path.join(folder, "calls.log")
     kw = {"num_splits": 3, "shuffle_seed": 7}
-    local = _ids(lance_ray.StreamingDataset(table, reader="local", transform=Recorded(log),
+    # The same items without the wait: the sequences do not depend on it.
+    local = _ids(lance_ray.StreamingDataset(table, reader="local", transform=Recorded(log, 0),
                                             **kw).iter_batches(BATCH))
     expected = [int(x["id"]) for x in reference.StreamingDataset(
-        table, transform=Recorded(log), **kw)]
+        table, transform=Recorded(log, 0), **kw)]
     ray.init(address="local", num_cpus=CPUS, include_dashboard=False, log_to_driver=False)
     try:
+        # N worker processes up before the pass: Ray starts workers a few at a time, and a
+        # pass of short tasks can end before the last one is up (that is start-up, not the
+        # pipeline's shape). N tasks held at once need N workers.
+        hold = ray.remote(num_cpus=1)(_hold)
+        ray.get([hold.remote(os.path.join(folder, "up")) for _ in range(CPUS)])
         os.remove(log)
         ours = lance_ray.StreamingDataset(table, reader="ray", transform=Recorded(log), **kw)
         got = _ids(ours.iter_batches(BATCH))
