@@ -22,16 +22,21 @@ test: lint
 	$(PY) -m pytest -q
 
 demo: venv
-	$(PY) jobs/demo.py
+	$(PY) -m jobs.demo
 
 demo-lm: venv
-	$(PY) jobs/train_lm.py --demo
+	$(PY) -m jobs.train_lm --demo
 
+# Each benchmark writes docs/bench/<name>.json (name the machine with
+# LANCE_RAY_BENCH_MACHINE); the last line renders them into docs/performance.md.
 bench: venv
 	$(PY) -m jobs.bench
 	$(PY) -m jobs.bench.paired
 	$(PY) -m jobs.bench.reservation
+	$(PY) -m jobs.bench.mixing
+	$(PY) -m jobs.bench.device
 	$(PY) -m jobs.bench.scaling
+	$(PY) -m jobs.bench.performance
 
 clean:
 	rm -rf $(VENV) runs

@@ -83,7 +83,7 @@ case "$cmd" in
       --ray-client-server-port="$CLIENT_PORT" >/dev/null
     record head "$DIR/tmp-head"
     for _ in $(seq "$n"); do add_worker; done
-    echo "cluster up: ray job submit --address $("$0" address) --working-dir . -- python jobs/..."
+    echo "cluster up: ray job submit --address $("$0" address) --working-dir . -- python -m jobs...."
     ;;
   resize)
     want=${2:?usage: resize N}

@@ -1,6 +1,6 @@
 """The main demo: train on a local multi-node Ray cluster, crash, resize, resume, prove.
 
-    python jobs/demo.py [--rows 6000] [--workdir runs/demo]
+    python -m jobs.demo [--rows 6000] [--workdir runs/demo]
 
 1. start a local cluster (head + 1 worker node with 2 train slots): ``cluster/local.sh``;
 2. ``ray job submit`` a job that creates the demo table;
@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
+from lance_ray import storage
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from lance_ray import storage  # noqa: E402
 
 S3_BUCKET = "lance-ray-demo"
 
@@ -75,8 +75,7 @@ def main() -> None:
     s3_server = None
     db, run_storage = str(work / "db"), str(work / "storage")
     if args.s3:
-        sys.path.insert(0, str(REPO / "jobs"))
-        from local_s3 import LocalS3
+        from lance_ray.testing.local_s3 import LocalS3
 
         work.mkdir(parents=True, exist_ok=True)
         s3_server = LocalS3.start(log=work / "moto.log")
@@ -95,12 +94,12 @@ def main() -> None:
                              check=True).stdout.strip()
     submit = [str(bin_dir / "ray"), "job", "submit", "--address", address, "--working-dir", ".",
               "--", "python"]
-    train = ["jobs/train.py", "--db", db, "--storage-path", run_storage,
+    train = ["-m", "jobs.train", "--db", db, "--storage-path", run_storage,
              "--global-batch", str(args.global_batch), "--checkpoint-every", "10"]
     subprocess.run(cluster + ["stop"], env=env, check=False, cwd=REPO, capture_output=True)
     try:
         run(cluster + ["start", "1"], env, title="start a local cluster: head + 1 worker node")
-        run(submit + ["jobs/make_table.py", "--db", db, "--rows", str(args.rows)],
+        run(submit + ["-m", "jobs.make_table", "--db", db, "--rows", str(args.rows)],
             env, title="create the demo table")
         run(submit + train + ["--workers", "2", "--crash-at-step", str(args.crash_at_step),
                               "--stop-at-step", str(args.stop_at_step)],
@@ -111,9 +110,9 @@ def main() -> None:
         run(submit + train + ["--workers", "4"], env,
             title="resume the same run on 4 workers and finish the epoch")
         out = ["-o", str(work / "run_summary.png")] if args.s3 else []  # the PNG stays local
-        run([sys.executable, "jobs/plot_run.py", "--storage-path", run_storage, *out], env,
+        run([sys.executable, "-m", "jobs.plot_run", "--storage-path", run_storage, *out], env,
             title="plot throughput and data wait over the run")
-        run([sys.executable, "jobs/verify.py", "--storage-path", run_storage], env,
+        run([sys.executable, "-m", "jobs.verify", "--storage-path", run_storage], env,
             title="verify exactly-once from the sample logs")
     finally:
         subprocess.run(cluster + ["stop"], env=env, check=False, cwd=REPO)

@@ -1,6 +1,6 @@
 """Elastic resume without Ray Train: checkpoint 2 ranks mid-epoch, resume on 1, 2 and 4.
 
-    python jobs/elastic_resume.py [--rows 20000] [--num-splits 8] [--global-batch 64]
+    python -m jobs.elastic_resume [--rows 20000] [--num-splits 8] [--global-batch 64]
 
 Each rank is a Ray actor holding a ``lance_ray.StreamingDataset`` view whose reads run in
 Ray Data. All ranks step in lockstep (one batch each per global step). At ``--stop-step``
@@ -23,12 +23,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_table import create_table  # noqa: E402
-from ranks import Rank  # noqa: E402
-
-import lance_ray  # noqa: E402
-from lance_ray.proof.verify import compare_steps, coverage  # noqa: E402
+import lance_ray
+from lance_ray.proof.verify import compare_steps, coverage
+from lance_ray.testing.ranks import Rank
+from lance_ray.testing.tables import create_table
 
 logger = logging.getLogger("demo")
 

@@ -1,7 +1,7 @@
 """Plot a training run from its sample logs: one segment per attempt (a start of the worker
 group), with its world size, the checkpoints it committed, and what ended it.
 
-    python jobs/plot_run.py --storage-path runs/demo/storage --name demo-run [-o run.png]
+    python -m jobs.plot_run --storage-path runs/demo/storage --name demo-run [-o run.png]
 
 Top: the global step over time. A restart goes back to the step of the checkpoint it
 resumed from, so each attempt is its own line; an attempt that ends early marks its

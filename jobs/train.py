@@ -1,9 +1,9 @@
 """Train a small PyTorch model with Ray Train's TorchTrainer on a Lance table, exactly once.
 
-    ray job submit --working-dir . -- python jobs/train.py --db runs/demo/db --workers 2
-    python jobs/train.py --db runs/demo/db --workers 2 --crash-at-step 30 --stop-at-step 60
-    python jobs/train.py --db runs/demo/db --workers 4          # resumes the same run
-    python jobs/train.py --db runs/demo/db --min-workers 2 --workers 4 --resize-interval 5
+    ray job submit --working-dir . -- python -m jobs.train --db runs/demo/db --workers 2
+    python -m jobs.train --db runs/demo/db --workers 2 --crash-at-step 30 --stop-at-step 60
+    python -m jobs.train --db runs/demo/db --workers 4          # resumes the same run
+    python -m jobs.train --db runs/demo/db --min-workers 2 --workers 4 --resize-interval 5
 
 Every rank logs the sample ids of each global step under ``<storage>/<name>/samples`` so
 ``jobs/verify.py`` can prove that the final model saw every sample exactly once. Re-running
@@ -141,7 +141,7 @@ def worker_resources(workers: int) -> dict[str, float]:
 
 
 def announce_worker(log_dir: str, rank: int, world_size: int) -> None:
-    """Record this train worker's pid, so fault injection (``jobs/chaos.py --trainer``)
+    """Record this train worker's pid, so fault injection (``jobs/faults/chaos.py --trainer``)
     can find the process of a rank in the current group."""
     record = {"pid": os.getpid(), "rank": rank, "world_size": world_size, "t": time.time(),
               "node": ray.get_runtime_context().get_node_id()}

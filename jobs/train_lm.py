@@ -1,9 +1,9 @@
 """Train a tiny causal transformer with TorchTrainer on packed token blocks, exactly once.
 
-    python jobs/train_lm.py --demo                       # table, crash, resize, proof
-    python jobs/train_lm.py --db runs/lm/db --workers 2 --crash-at-step 6 --stop-at-step 12
-    python jobs/train_lm.py --db runs/lm/db --workers 4  # resumes the same run, resized
-    python jobs/verify.py --storage-path runs/lm/storage --name lm-run
+    python -m jobs.train_lm --demo                       # table, crash, resize, proof
+    python -m jobs.train_lm --db runs/lm/db --workers 2 --crash-at-step 6 --stop-at-step 12
+    python -m jobs.train_lm --db runs/lm/db --workers 4  # resumes the same run, resized
+    python -m jobs.verify --storage-path runs/lm/storage --name lm-run
 
 The table holds one tokenised document per row (``jobs/make_table.py --tokens``). Every
 rank reads its splits packed into blocks of ``--block-len`` tokens (``pack_sequences``,
@@ -24,7 +24,6 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
@@ -35,17 +34,14 @@ import torch
 from ray.train.torch import TorchTrainer
 
 import lance_ray.train as lt
+from jobs import lm_data, lm_model
+from jobs import train as train_job
+from jobs.lm_data import PackedView, PackSpec, block_ids, merge_for
+from jobs.lm_model import TinyLM, lm_loss
 from lance_ray import storage
 from lance_ray.proof.audit import Attempt, SampleLog
 from lance_ray.storage import read_json, write_json_atomic
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import lm_data  # noqa: E402
-import lm_model  # noqa: E402
-import make_table  # noqa: E402
-import train as train_job  # noqa: E402
-from lm_data import PackedView, PackSpec, block_ids, merge_for  # noqa: E402
-from lm_model import TinyLM, lm_loss  # noqa: E402
+from lance_ray.testing import tables as make_table
 
 logger = logging.getLogger("train_lm")
 
@@ -237,7 +233,7 @@ def start_local_ray(attempts: int = 3) -> None:
 def demo(args: argparse.Namespace) -> dict[str, Any]:
     """A fresh table and run: 2 workers crash and stop mid-epoch, 4 finish it, then the
     proof (``jobs/verify.py``'s)."""
-    import verify as verify_job
+    from jobs import verify as verify_job
 
     for stale in (args.db, args.storage_path):
         shutil.rmtree(stale, ignore_errors=True)

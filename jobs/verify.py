@@ -1,7 +1,7 @@
 """Prove from the sample logs that a training run saw every sample exactly once.
 
-    python jobs/verify.py --storage-path runs/demo/storage --name demo-run
-    python jobs/verify.py --storage-path runs/lm/storage --name lm-run     # packed blocks
+    python -m jobs.verify --storage-path runs/demo/storage --name demo-run
+    python -m jobs.verify --storage-path runs/lm/storage --name lm-run     # packed blocks
 
 Rebuilds the global steps the final model descends from (after crashes and resizes),
 compares them with an uninterrupted one-rank run of the same plan and global batch, and
@@ -17,8 +17,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import lance_ray
 from lance_ray import storage
 from lance_ray.proof.audit import lineage, read_attempts
@@ -29,7 +27,7 @@ from lance_ray.storage import read_json
 def uninterrupted_steps(run: dict) -> list[list[int]]:
     """The global steps of the same plan read by one rank without interruption."""
     if "pack" in run:
-        from lm_data import PackSpec, uninterrupted_block_steps
+        from jobs.lm_data import PackSpec, uninterrupted_block_steps
 
         return uninterrupted_block_steps(PackSpec(**run["pack"]))
     ds = lance_ray.StreamingDataset(

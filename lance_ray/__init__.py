@@ -1,7 +1,8 @@
 """lance_ray: deterministic, resumable, elastic training-data streaming over Lance tables.
 
 Not to be confused with the unrelated PyPI package ``lance-ray``, which installs a module of
-the same name (see README, "Name clash"). This distribution is ``lance-ray-streaming``.
+the same name (see docs/troubleshooting.md, "Name clash"). This distribution is
+``lance-ray-streaming``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ _EXPORTS = {
     "StreamingDataset": "view.dataset",
     "StreamingDataLoader": "view.loader",
     "Coordinator": "coordinator.handle",
+    "MixtureDataset": "view.mixture",
+    "Source": "view.mixture",
     "ReportPolicy": "state.reporting",
     "PlanSpec": "plan.splits",
     "SplitPlan": "plan.splits",

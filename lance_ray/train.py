@@ -156,6 +156,28 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
     return ds
 
 
+def get_mixture(sources: list[Any], **mixture_kwargs: Any) -> Any:
+    """This worker's :class:`~lance_ray.MixtureDataset` over ``sources``, resumed from the
+    (merged) data state of the checkpoint being restored, else from its epoch's start.
+
+    ``mixture_kwargs`` go to ``MixtureDataset`` (``num_splits``, ``stop``, ``columns``...);
+    rank and world size come from Ray Train. Checkpoint it with :func:`report` as a view.
+    """
+    import ray.train
+
+    from .view.mixture import MixtureDataset
+
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    ds = MixtureDataset(sources, rank=rank, world_size=world_size, **mixture_kwargs)
+    state = restored_data_state()
+    if state is not None:
+        _check_ranks_agree(state, rank)
+        ds.load_state_dict(state)
+        logger.info("rank %d resumes the mixture at global step %d", rank, ds.global_step)
+    return ds
+
+
 def _check_ranks_agree(state: dict[str, Any], rank: int) -> None:
     from ray.train.collective import broadcast_from_rank_zero
 
@@ -164,8 +186,12 @@ def _check_ranks_agree(state: dict[str, Any], rank: int) -> None:
     if mine != ours:
         raise RuntimeError(
             f"rank {rank} restores a different data state (global step "
-            f"{state['lance_ray']['global_step']}) than rank 0 does; the ranks of one group "
+            f"{_global_step(state)}) than rank 0 does; the ranks of one group "
             "must resume from one checkpoint. Refusing to train: its steps would not line up")
+
+
+def _global_step(state: dict[str, Any]) -> Any:
+    return (state.get("lance_ray") or state.get("lance_ray_mixture") or {}).get("global_step")
 
 
 def report(metrics: dict[str, Any], dataset: StreamingDataset, *,

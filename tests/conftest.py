@@ -15,12 +15,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-import local_s3  # noqa: E402
-from make_table import create_table  # noqa: E402
+from lance_ray.testing import local_s3  # noqa: E402
+from lance_ray.testing.tables import create_table  # noqa: E402
 
 # The local S3 server's endpoint and dummy credentials go into the environment now, before
 # any Ray node starts, so every Ray worker (actors, train workers) sees them too; the server
@@ -167,9 +163,11 @@ def ray_cluster() -> Iterator[object]:
     from ray.cluster_utils import Cluster
 
     # Workers must import functions defined in test modules (transforms, train loops).
+    # (tests/ and the checkout's root, for jobs.*: the same paths pyproject's pytest
+    # `pythonpath` gives this process).
     here = os.path.dirname(os.path.abspath(__file__))
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH"))
-                                               if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (here, os.path.dirname(here), os.environ.get("PYTHONPATH")) if p)
     # "slot": train workers ask for slots, not CPUs, so Ray Data reads always get a CPU.
     cluster = Cluster(initialize_head=True, connect=True,
                       head_node_args={"num_cpus": 1, "resources": {"at_head": 1, "slot": 2},

@@ -1,17 +1,12 @@
 """Breaking things on purpose: one fault of each kind on the real multi-node cluster, each
 ending with exactly-once coverage and the uninterrupted run's global steps.
-(`python jobs/chaos.py --trials 24` runs many more random kill points.)"""
+(`python -m jobs.faults.chaos --trials 24` runs many more random kill points.)"""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-
-import chaos  # noqa: E402
+from jobs.faults import chaos
 
 
 @pytest.mark.parametrize("kind", chaos.KINDS)

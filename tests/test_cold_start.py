@@ -1,6 +1,6 @@
 """Cold start: the default reader never starts Ray. In a fresh process with no cluster
 connected it reads in-process (the sequence and states of every other reader), and once Ray
-is connected it reads through Ray Data. ``jobs/cold_start.py`` measures the time."""
+is connected it reads through Ray Data. ``jobs/bench/cold_start.py`` measures the time."""
 
 from __future__ import annotations
 

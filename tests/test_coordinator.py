@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import ray
@@ -15,9 +13,7 @@ from lance_ray.coordinator.handle import Coordinator
 from lance_ray.proof.verify import compare_steps, coverage
 from lance_ray.state.ledger import StaleReport
 from lance_ray.state.reporting import ReportPolicy
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
-from ranks import Rank  # noqa: E402  (a rank actor: a view in its own process)
+from lance_ray.testing.ranks import Rank  # a rank actor: a view in its own process
 
 NUM_SPLITS = 8
 GLOBAL_BATCH = 16

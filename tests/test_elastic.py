@@ -1,4 +1,5 @@
-"""In-run elastic training and chaos in real TorchTrainer runs (``jobs/chaos.py --trainer``).
+"""In-run elastic training and chaos in real TorchTrainer runs
+(``python -m jobs.faults.chaos --trainer``).
 
 Each test drives its own ``ray.cluster_utils.Cluster`` from a subprocess: nodes may only be
 added and removed from a cluster's main thread, and this session may already be connected
@@ -20,12 +21,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def trainer_chaos(work: Path, kinds: str, trials: int, seed: int = 0) -> list[dict]:
-    """Run ``jobs/chaos.py --trainer`` and return its trial summaries."""
+    """Run ``python -m jobs.faults.chaos --trainer`` and return its trial summaries."""
     out = work / "trials.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
-        [sys.executable, "jobs/chaos.py", "--trainer", "--kinds", kinds, "--trials",
+        [sys.executable, "-m", "jobs.faults.chaos", "--trainer", "--kinds", kinds, "--trials",
          str(trials), "--seed", str(seed), "--workdir", str(work), "--json", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1800 * (trials + 1))
     assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -17,11 +17,9 @@ def test_an_open_ray_reader_iterator_lets_the_interpreter_exit(tmp_path):
     # Data's prefetch threads waiting on the dead cluster, and the interpreter joins them.
     ray_dir = tempfile.mkdtemp(prefix="lrx")  # short: Ray's socket paths have a length limit
     script = textwrap.dedent(f"""
-        import sys
-        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "jobs")!r}]
         import ray
         import lance_ray
-        from make_table import create_table
+        from lance_ray.testing.tables import create_table
 
         table = create_table({str(tmp_path / "db")!r}, rows=3000, dim=4, fragments=2)
         ray.init(address="local", num_cpus=1, include_dashboard=False,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -310,8 +311,8 @@ LOADER_CONFIGS = {
 }
 
 _CHILD = (
-    "import json, sys; sys.path.insert(0, sys.argv[1]); import test_resume; "
-    "print(json.dumps(test_resume.run_loader_jobs(json.loads(sys.argv[2]))))"
+    "import json, sys; import test_resume; "
+    "print(json.dumps(test_resume.run_loader_jobs(json.loads(sys.argv[1]))))"
 )
 
 
@@ -327,8 +328,10 @@ def forked_loader_child(table_factory) -> Iterator[subprocess.Popen]:
         jobs[name] = {**{k: v for k, v in cfg.items() if k != "shape"}, "num_workers": 2,
                       "uri": table.to_lance().uri, "version": table.version}
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(Path(__file__).parent), json.dumps(jobs)],
+        [sys.executable, "-c", _CHILD, json.dumps(jobs)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if p)},
     )
     yield proc
     if proc.poll() is None:

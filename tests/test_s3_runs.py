@@ -10,7 +10,6 @@ import pytest
 import ray
 from conftest import coordinators, write_table
 from lancedb import streaming as reference
-from local_s3 import Forwarder
 from test_coordinator import NUM_SPLITS, local_views, step_views, uninterrupted, wait_sealed
 
 import lance_ray
@@ -18,6 +17,7 @@ from lance_ray import storage
 from lance_ray.coordinator.handle import Coordinator
 from lance_ray.plan.sources import DEFAULT_NAMESPACE
 from lance_ray.proof.verify import compare_steps, coverage
+from lance_ray.testing.local_s3 import Forwarder
 
 
 @pytest.fixture(scope="module")

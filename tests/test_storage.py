@@ -161,7 +161,7 @@ def test_sample_logs_on_s3_rebuild_the_steps_the_model_descends_from(s3):
 
 
 def test_an_unreachable_store_fails_after_the_bound_with_a_clear_error(monkeypatch):
-    from local_s3 import free_port
+    from lance_ray.testing.local_s3 import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nobody there
     started = time.monotonic()

@@ -3,21 +3,14 @@ and trains on every sample exactly once, as proven from its own sample logs."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+import ray.cloudpickle
 
+from jobs import train as train_job
+from jobs import verify as verify_job
 from lance_ray.proof.audit import read_attempts
+from lance_ray.testing.tables import create_table
 from lance_ray.train import check_world_sizes
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "jobs"))
-
-import ray.cloudpickle  # noqa: E402
-import train as train_job  # noqa: E402
-import verify as verify_job  # noqa: E402
-from make_table import create_table  # noqa: E402
 
 # Train workers cannot import jobs/ as a module: ship the job's loop by value, as
 # `ray job submit` does for a __main__ script.

@@ -5,23 +5,16 @@ epoch exactly once, in the global steps of one uninterrupted rank of the referen
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import ray.train
 import torch
 
+from jobs import lm_data, train_lm
+from jobs import verify as verify_job
+from jobs.lm_model import document_mask, document_positions
 from lance_ray.proof.audit import read_attempts
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "jobs"))
-
-import lm_data  # noqa: E402
-import train_lm  # noqa: E402
-import verify as verify_job  # noqa: E402
-from lm_model import document_mask, document_positions  # noqa: E402
-from make_table import create_table, token_rows  # noqa: E402
+from lance_ray.testing.tables import create_table, token_rows
 
 
 @pytest.fixture

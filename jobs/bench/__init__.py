@@ -4,7 +4,7 @@
     ray job submit --working-dir . -- python -m jobs.bench --out /abs/path/runs/bench
 
 One run measures, side by side on the same generated table (int64 id, int64 label, float32
-x, 64 x float32 vector; ``jobs/make_table.create_table``), for a full shuffle and for
+x, 64 x float32 vector; ``lance_ray.testing.tables.create_table``), for a full shuffle and for
 ``shuffle_clump_size=1024``, batch size 256, ``num_splits=8``:
 
 1. lance_ray's batch path ``StreamingDataset(...).iter_batches(256)``, ``reader="ray"`` (the
@@ -42,7 +42,11 @@ How:
   trainer's peak RSS with the ``--rows`` table.
 
 Writes ``<out>/bench.json``, ``<out>/bench.png`` and per-configuration logs under
-``<out>/logs``; prints progress and the tables. The tables live in ``<out>/db`` and are
-reused by later runs when rows, dim and fragments match. Under ``ray job submit`` pass an
-absolute ``--out`` (the job's working directory is a temporary copy).
+``<out>/logs``, and the shared-format results (``throughput``, ``packing``, ``transforms``,
+``cold-start``, ``memory``) to ``--json-out`` (``docs/bench``), which
+``python -m jobs.bench.performance`` renders into docs/performance.md; prints progress and
+the tables. The cases are registered by group in :mod:`jobs.bench.cases`. The tables live
+in ``<out>/db`` and are reused by later runs when rows, dim and fragments match. Under
+``ray job submit`` pass an absolute ``--out`` (the job's working directory is a temporary
+copy).
 """

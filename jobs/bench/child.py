@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .cases import build_runner
 from .configs import (
     BATCH,
     ENV,
@@ -25,7 +26,7 @@ from .configs import (
     Config,
 )
 from .memory import TreeSampler, current_rss_mb, descendants, peak_rss_mb
-from .runners import Runner, build_runner, timed_pass
+from .runners import Runner, timed_pass
 
 
 def progress(msg: str) -> None:

@@ -57,6 +57,7 @@ class Config:
     resume: bool = False
     transform: str | None = None  # image | tokens (jobs.bench.transforms)
     nodes: int = 0  # simulated CPU-only nodes of a cluster of the configuration's own
+    group: str = "base"  # its group in the case registry (jobs.bench.cases)
 
     @property
     def needs_ray(self) -> bool:
@@ -67,7 +68,8 @@ class Config:
             self.kind == "lance_ray" and self.reader == "ray" and not self.loader_workers))
 
 
-def configurations(include_big: bool, include_wide: bool = False) -> list[Config]:
+def base_configurations(include_big: bool, include_wide: bool = False) -> list[Config]:
+    """The throughput cases on the generated row tables: loaders, the reference, limits."""
     out = [
         Config("limit-take", f"Lance sorted take, random ids, {TAKE_ROWS}/call", "limit",
                "full", limit="take_random"),
@@ -109,7 +111,5 @@ def configurations(include_big: bool, include_wide: bool = False) -> list[Config
             Config("wide-batch-ray-full", "lance_ray iter_batches (ray)", "lance_ray", "full",
                    table="wide", reader="ray"),
         ]
-    from .packing import packing_configurations  # it builds on this module
-
-    return out + packing_configurations()
+    return out
 

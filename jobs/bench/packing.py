@@ -4,7 +4,7 @@ sequential scan of the token column that bounds them, on one generated token tab
     python -m jobs.bench --only packing
 
 The table: ``PACK_DOCS`` documents with lognormal lengths (mean ``PACK_MEAN_LEN`` tokens,
-``jobs/make_table.token_batch``), packed into blocks of ``PACK_LEN`` over ``SPLITS`` splits
+``lance_ray.testing.tables.token_batch``), packed into blocks of ``PACK_LEN`` over ``SPLITS`` splits
 with the exact ``blocks_per_epoch`` (every token of the table). A runner's "rows" are the
 tokens of the blocks it delivered (``PACK_BATCH`` blocks per batch, padding included: what
 a trainer receives), and for the scan the tokens of the rows it read.
@@ -29,7 +29,7 @@ SCAN_TARGET = 0.3  # the issue's target: packed tokens/s >= this fraction of the
 
 
 def packing_configurations() -> list[Config]:
-    kw: dict[str, Any] = {"shuffle": "full", "table": "tokens"}
+    kw: dict[str, Any] = {"shuffle": "full", "table": "tokens", "group": GROUP}
     return [
         Config("pack-limit-scan", f"Lance scan of the token column, {TAKE_ROWS} rows/call",
                "limit", limit="scan", **kw),
@@ -47,14 +47,15 @@ def packing_configurations() -> list[Config]:
 
 
 def pack_kwargs(blocks_per_epoch: int) -> dict[str, Any]:
-    from jobs.make_table import EOS_ID, PAD_ID
+    from lance_ray.testing.tables import EOS_ID, PAD_ID
 
     return {"num_splits": SPLITS, "shuffle_seed": SEED, "columns": ["tokens"],
             "pack_sequences": PACK_LEN, "eos_id": EOS_ID, "pad_id": PAD_ID,
             "blocks_per_epoch": blocks_per_epoch}
 
 
-def packing_runner(spec: dict[str, Any], cfg: Config) -> Runner:
+def packing_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None
+                   ) -> Runner:
     """How one packing configuration reads the epoch; its counts are tokens."""
     blocks = spec["blocks_per_epoch"]
     epoch_tokens = blocks * PACK_LEN

@@ -26,6 +26,7 @@ from .packing import (
     packing_configurations,
     packing_runner,
 )
+from .results import DEFAULT_OUT, result, write
 from .runners import timed_pass
 from .tables import ensure_table
 
@@ -38,6 +39,9 @@ def main(argv: list[str]) -> None:
                         "take (Lance's random-order take of the column: what a full shuffle "
                         "reads, no packing)")
     parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--json-out", default=DEFAULT_OUT,
+                        help="folder of the shared-format results ('' skips)")
+    parser.add_argument("--machine", default=None, help="the machine's name in the results")
     parser.add_argument("--pack-docs", type=int, default=PACK_DOCS)
     parser.add_argument("--fragments", type=int, default=4)
     args = parser.parse_args(argv)
@@ -72,6 +76,21 @@ def main(argv: list[str]) -> None:
         print("  ".join(line), flush=True)
     print(f"\nscan: median {statistics.median(scans) / 1e6:.1f}M tokens/s "
           f"({min(scans) / 1e6:.1f}M-{max(scans) / 1e6:.1f}M)")
+    rows = [[r, round(statistics.median(ratios[r]), 3), round(min(ratios[r]), 3),
+             round(max(ratios[r]), 3), len(ratios[r])] for r in readers]
+    if args.json_out:
+        write(args.json_out, [result(
+            "packing-paired", "Packed tokens/s as a fraction of the token column's scan, "
+            "paired epoch by epoch in one process",
+            ["reader", "median x scan", "min", "max", "pairs"], rows,
+            command="python -m jobs.bench.paired " + " ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in
+                (("pairs", args.pairs), ("readers", args.readers),
+                 ("pack_docs", args.pack_docs))),
+            machine=args.machine, notes=[
+                "Each packed epoch is divided by the scan epoch just before it, so load "
+                "changes between epochs cancel; take = Lance's own random-order take of the "
+                "column, what a full shuffle reads."])])
     for r in readers:
         got = ratios[r]
         if r == "take":

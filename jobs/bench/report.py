@@ -13,29 +13,8 @@ from .configs import (
     SPLITS,
     TAKE_ROWS,
 )
+from .formats import W, fmt_rate, fmt_ratio, fmt_s, label_of
 from .packing import PACK_BATCH, PACK_LEN, PACK_MEAN_LEN, packing_targets
-
-W = 50  # width of the configuration column
-
-
-def label_of(r: dict[str, Any]) -> str:
-    """The configuration's label, with the DataLoader start method when it had to change."""
-    method = r.get("start_method") or ""
-    return r["config"]["label"] + (" [forkserver]" if method.startswith("forkserver") else "")
-
-
-def fmt_rate(x: float | None) -> str:
-    if not x:
-        return "-"
-    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k"
-
-
-def fmt_ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
-
-
-def fmt_s(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
 
 
 def analyse(results: list[dict[str, Any]], cold: dict[str, float] | None = None

@@ -5,7 +5,7 @@ in one process.
     python -m jobs.bench.reservation [--pairs 5] [--cases tokens,image] [--out runs/bench]
 
 On a 2-CPU local Ray, Ray Data's reservation runs short read+transform tasks mostly one at a
-time (README, "Transforms"); ``lance_ray.read.run_ahead`` turns it off and bounds the
+time (docs/transforms.md); ``lance_ray.read.run_ahead`` turns it off and bounds the
 pipeline itself. Each pair runs one epoch under each, after a warm-up of each.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .configs import ENV
+from .results import DEFAULT_OUT, result, write
 from .runners import timed_pass
 from .transform_runs import transform_configurations, transform_runner
 from .transforms import CASES, ensure_tables
@@ -31,6 +32,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--cases", default="tokens,image")
     parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--json-out", default=DEFAULT_OUT,
+                        help="folder of the shared-format results ('' skips)")
+    parser.add_argument("--machine", default=None, help="the machine's name in the results")
     args = parser.parse_args(argv)
     os.environ.update(ENV)
     db = Path(args.out) / "db"
@@ -45,6 +49,7 @@ def main(argv: list[str]) -> None:
     # Ray Data's reservation is what a pipeline without lance_ray's bound runs under.
     reader: dict[str, Any] = {MODES[0]: lambda self, requests: None, MODES[1]: bounded}
     configs = {c.name: c for c in transform_configurations()}
+    rows: list[list[Any]] = []
     try:
         for case in args.cases.split(","):
             table = CASES[case][0]
@@ -66,8 +71,21 @@ def main(argv: list[str]) -> None:
             print(f"{case}: median rows/s, {MODES[0]} {old / 1e3:.1f}k, {MODES[1]} "
                   f"{new / 1e3:.1f}k ({new / old:.2f}x; higher in {higher} of {args.pairs} "
                   "pairs)", flush=True)
+            rows.append([case, round(old), round(new), round(new / old, 3), higher,
+                         args.pairs])
     finally:
         RayDataReader._run_ahead = bounded  # type: ignore[method-assign]
+    if args.json_out and rows:
+        write(args.json_out, [result(
+            "run-ahead", "Ray reader transforms: lance_ray's run-ahead bound against Ray "
+            "Data's per-operator reservation, paired in one process",
+            ["case", f"rows/s, {MODES[0]}", f"rows/s, {MODES[1]}", "ratio", "higher in",
+             "pairs"], rows,
+            command=f"python -m jobs.bench.reservation --pairs {args.pairs} "
+                    f"--cases {args.cases}",
+            machine=args.machine, notes=[
+                "Each pair runs one epoch under each mode, after a warm-up of each; the "
+                "ratio is of the median rates."])])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..cold_start import measure as measure_cold
+from .cases import GROUPS, configurations
+from .cold_start import measure as measure_cold
 from .configs import (
     BATCH,
     CLUMP,
@@ -28,12 +30,15 @@ from .configs import (
     TAKE_ROWS,
     WIDE_WARM_FILTER,
     Config,
-    configurations,
 )
+from .export import exported
+from .formats import fmt_rate
 from .memory import TreeSampler, tree_rss_mb
-from .packing import GROUP, PACK_BATCH, PACK_DOCS, PACK_LEN, PACK_MEAN_LEN, PACK_TABLE
-from .report import analyse, chart, fmt_rate, print_report
-from .transform_runs import transform_configurations, transform_report
+from .packing import PACK_BATCH, PACK_DOCS, PACK_LEN, PACK_MEAN_LEN, PACK_TABLE
+from .report import analyse, chart, print_report
+from .results import DEFAULT_OUT
+from .results import write as write_results
+from .transform_runs import transform_report
 
 TABLE_NAMES = {"small": "bench", "big": "bench_big", "wide": "wide", "tokens": PACK_TABLE}
 
@@ -132,9 +137,15 @@ def main() -> None:
                    help="fresh processes per loader for the no-cluster cold start (0: skip)")
     p.add_argument("--pack-docs", type=int, default=PACK_DOCS,
                    help="documents of the packed-tokens case's table")
+    p.add_argument("--json-out", default=DEFAULT_OUT,
+                   help="folder of the shared-format results (docs/performance.md is rendered "
+                        "from them by python -m jobs.bench.performance; '' skips)")
+    p.add_argument("--machine", default=None,
+                   help="the machine's name in the results (default: $LANCE_RAY_BENCH_MACHINE "
+                        "or '<cpus>-core machine')")
     p.add_argument("--only", default="",
-                   help=f"comma-separated configuration names, or {GROUP!r} (the packed-tokens "
-                        "case), 'transforms' (the transform cases) or 'cold-start'")
+                   help="comma-separated configuration names, or groups of the case registry "
+                        f"({', '.join(GROUPS)}: jobs.bench.cases), or 'cold-start'")
     args = p.parse_args()
     db = Path(args.out).resolve() / "db"
 
@@ -148,12 +159,9 @@ def main() -> None:
     # Tables are written by a subprocess: this process stays small and never touches Lance
     # (forking after Lance has started its threads is unsafe), it only starts Ray.
     wanted = set(args.only.split(",")) if args.only else set()
-    configs = configurations(include_big=args.big_rows > 0, include_wide=args.wide_rows > 0) \
-        + transform_configurations()
+    configs = configurations(include_big=args.big_rows > 0, include_wide=args.wide_rows > 0)
     if wanted:
-        configs = [c for c in configs if c.name in wanted
-                   or ("transforms" in wanted and c.transform)
-                   or (GROUP in wanted and c.table == "tokens")]
+        configs = [c for c in configs if c.name in wanted or c.group in wanted]
     needed = {c.table for c in configs}
     tables_json = out / "tables.json"
     # Only the tables the chosen configurations read (0 rows: not made).
@@ -257,4 +265,21 @@ def main() -> None:
               f"lance_ray vs lancedb.streaming vs Lance's limits\n{args.rows:,} rows, dim {DIM}, "
               f"batch {BATCH}, {SPLITS} splits, {os.cpu_count()} CPUs")
     print(f"\nwrote {out / 'bench.json'} and {out / 'bench.png'} in {total:.0f}s")
+    if args.json_out:
+        files = exported(results, analysis, args, command_line(sys.argv[1:]), args.machine)
+        for path in write_results(args.json_out, files):
+            print(f"wrote {path}")
+
+
+def command_line(argv: list[str]) -> str:
+    """The command that regenerates a run, without where it writes or the machine's name."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--out", "--json-out", "--machine"):
+            skip = True
+        elif not a.startswith(("--out=", "--json-out=", "--machine=")):
+            kept.append(a)
+    return shlex.join(["python", "-m", "jobs.bench", *kept])
 

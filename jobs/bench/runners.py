@@ -104,15 +104,8 @@ def timed_pass(runner: Runner, *, state: dict | None = None,
     return p
 
 
-def build_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None) -> Runner:
-    if cfg.table == "tokens":
-        from .packing import packing_runner  # it builds on this module
-
-        return packing_runner(spec, cfg)
-    if cfg.transform:
-        from .transform_runs import transform_runner
-
-        return transform_runner(spec, cfg, mp_context)
+def base_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None) -> Runner:
+    """How a configuration of the base group reads its epoch."""
     clump = SHUFFLES.get(cfg.shuffle)
     rows = spec["rows"]
     epoch_rows = rows - rows % SPLITS

@@ -42,7 +42,7 @@ def ensure_table(db: Path, name: str, rows: int, fragments: int,
                 and table.count_rows() == rows:
             print(f"reusing table {name!r}: {rows:,} rows, version {table.version}", flush=True)
             return got | {"uri": table.to_lance().uri, "created_s": 0.0}
-    from jobs.make_table import blocks_per_epoch, create_table, synthetic_batch, token_rows
+    from lance_ray.testing.tables import blocks_per_epoch, create_table, synthetic_batch, token_rows
 
     t = time.perf_counter()
     table = create_table(str(db), name, rows=rows, dim=DIM, fragments=fragments,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .configs import BATCH, SEED, SPLITS, Config
-from .report import W, fmt_rate, fmt_ratio
+from .formats import W, fmt_rate, fmt_ratio
 from .runners import Runner
 from .transforms import (
     CASES,
@@ -21,6 +21,7 @@ from .transforms import (
     single_core_batches,
 )
 
+GROUP = "transforms"  # --only transforms runs every configuration below
 SCALING_NODES = (1, 2, 3)
 NODE_RESOURCE = "transform_cpu"
 
@@ -31,7 +32,7 @@ def transform_configurations() -> list[Config]:
         def cfg(name: str, label: str, kind: str, case: str = case, table: str = table,
                 **kw: Any) -> Config:
             return Config(f"tx-{case}-{name}", label, kind, kw.pop("shuffle", "full"),
-                          table=table, transform=case, **kw)
+                          table=table, transform=case, group=GROUP, **kw)
 
         out += [
             cfg("limit", "transform alone, one thread (x cores = limit)", "limit",
@@ -47,7 +48,7 @@ def transform_configurations() -> list[Config]:
     for nodes in SCALING_NODES:
         out.append(Config(f"tx-image-nodes{nodes}", f"lance_ray (ray), {nodes} CPU-only node(s)",
                           "lance_ray", "full", table="images", transform="image",
-                          reader="ray", nodes=nodes))
+                          reader="ray", nodes=nodes, group=GROUP))
     return out
 
 

@@ -25,8 +25,8 @@ from .table import TableRef
 
 DEFAULT_NAMESPACE = "lance_ray"
 # Plans of fewer rows build in the view's process even with ``reader="ray"``: their builder
-# peaks under ~80 MB, and a Ray task for them cost more than the plan here (a worker start
-# on a busy node: 2-2.5 s of construction in some epochs, against 0.05 s in-process).
+# peaks under ~80 MB, and a Ray task for them can cost more than the plan (a worker start on
+# a busy node takes seconds; such a plan builds in-process in a fraction of one).
 REMOTE_PLAN_MIN_ROWS = 1_000_000
 
 
@@ -102,7 +102,7 @@ class LocalPlans:
 class RayTaskPlans(LocalPlans):
     """Builds the plan in a Ray task on this node and receives only the owned splits.
 
-    The permutation builder's peak memory (about 80 bytes per row, measured) then never
+    The permutation builder's peak memory (tens of bytes per row) then never
     lands in the trainer process, whose footprint stays flat as the table grows. Small plans
     (``REMOTE_PLAN_MIN_ROWS``) and index plans (O(num_splits)) build in-process: a task
     would cost more than the plan.
@@ -150,7 +150,7 @@ def build_part(table: TableRef, rows_after_filter: int, spec: PlanSpec,
 
 def _ray() -> Any:
     """Ray, imported where a coordinator is used: a view without one (no cluster connected)
-    never pays for importing it (1-3 s of a cold start here)."""
+    never pays for importing it (seconds of a cold start)."""
     import ray
 
     return ray

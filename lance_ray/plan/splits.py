@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 EPOCH_SEED_STRIDE = 100003
 PLAN_MODES = ("lancedb", "index")
 # lancedb 0.40 sorts the permutation in a fixed 100 MB DataFusion pool (LANCE_MEM_POOL_SIZE
-# does not reach it): measured, 2.5M shuffled rows build and 3M fail (full or clumped, 1 to 64
-# splits). Above 3M we refuse at once: the builder takes ~1 min to fail at 100M rows.
+# does not reach it): 2.5M shuffled rows build and 3M fail (full or clumped, 1 to 64 splits).
+# Above 3M we refuse at once rather than let the builder spend long on failing (docs/plans.md).
 BUILDER_SHUFFLE_LIMIT = "about 2.5M rows"
 BUILDER_SHUFFLE_MAX_ROWS = 3_000_000
 

@@ -5,9 +5,8 @@ fragments, then for each, ascending, its ``u32`` id, the ``u32`` byte length of 
 and the bitmap in the portable Roaring format (no run containers: a ``u32`` cookie 12346 and
 container count, each container's ``u16`` key and cardinality - 1, the ``u32`` offsets of the
 containers, then each container: sorted ``u16`` values up to 4,096 of them, else 8 KB of
-bits). pylance builds it from a Python list of ints (``serialize_row_addrs``), which cost
-4.7-6.6 ms per 60,000 addresses here, about half as long as the read itself; this costs
-0.8 ms.
+bits). pylance builds it from a Python list of ints (``serialize_row_addrs``), whose cost
+is a sizeable fraction of the read itself; numpy does it several times faster.
 
 The format is pylance's own, so the first encoding in each process is compared byte for
 byte with ``serialize_row_addrs``; if a pylance release changes it, every read falls back to

@@ -180,8 +180,8 @@ def _ragged_chunk(col: pa.Array | pa.ChunkedArray) -> _RaggedChunk | None:
 
 
 # Rows at least this long (in elements) are gathered one slice (memcpy) per row: an index of
-# every element costs 8 bytes and a lookup per element (a 16 MB read of 64 KB rows took 10x
-# longer and 9x its size in memory that way).
+# every element costs 8 bytes and a lookup per element (on wide rows, many times longer and
+# several times the read's size in memory).
 SLICED_ROW_ELEMENTS = 256
 
 

@@ -27,9 +27,9 @@ from .convert import chunks_of
 from .requests import ChunkRequest
 
 SPLIT_COLUMN = "__lance_ray_split"
-# Documents this long (mean tokens) or longer are copied one slice each: 3x faster than
-# Arrow's take of a list column at ~500 tokens (measured here); shorter ones go through the
-# take, whose per-row cost is far below a Python loop's.
+# Documents this long (mean tokens) or longer are copied one slice each, faster than Arrow's
+# take of a list column for long documents; shorter ones go through the take, whose per-row
+# cost is far below a Python loop's.
 RUN_COPY_MIN_TOKENS = 32
 TOKENS_COLUMN = "tokens"
 

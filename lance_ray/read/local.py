@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from ..plan.table import TableRef
 from .ahead import Held, ahead
+from .concurrency import take_streams, usable_cores
 from .convert import to_columns
 from .documents import DocumentReads
 from .items import note_objects
@@ -26,19 +27,24 @@ class LocalReader:
     With ``as_tensors`` (and no transform) each chunk is converted to ``Columns`` there too,
     the reordering to plan order folded into the one copy the conversion makes anyway; with
     ``documents`` (packed views) it is arranged by split there.
-    Two reads run at once (two takes of clumped rows measured 1.5x one), but a transform
-    runs on ``transform_threads`` threads (default one: user code need not be thread-safe).
+    Reads run on as many threads as :func:`~lance_ray.read.concurrency.take_streams` gives
+    for this process's share of the cores (``processes`` readers share them, e.g.
+    DataLoader workers) and the byte budget, and are prefetched at least that deep; a
+    transform runs on ``transform_threads`` threads (default one: user code need not be
+    thread-safe).
     """
 
     def __init__(self, table: TableRef, columns: list[str] | None,
                  transform: TransformPolicy | None, *, as_tensors: bool = False,
                  prefetch: int = 2, transform_threads: int | None = None,
-                 sizing: ReadSizing | None = None, documents: DocumentReads | None = None):
+                 sizing: ReadSizing | None = None, documents: DocumentReads | None = None,
+                 processes: int = 1):
         self.table, self.columns, self.transform = table, columns, transform
         self.as_tensors, self.prefetch = as_tensors, prefetch
         self.documents = documents
         self.transform_threads = transform_threads or 1
         self.sizing = sizing
+        self.processes = processes
         self.held = Held()
 
     def _read(self, req: ChunkRequest) -> list[ChunkResult]:
@@ -59,11 +65,15 @@ class LocalReader:
         return span_results(req.spans, payload, cost)
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
-        threads = self.transform_threads if self.transform is not None else 2
         sizing = self.sizing
         cost = None if sizing is None else (lambda r: sizing.nbytes(len(r.row_ids)))
         budget = None if sizing is None else sizing.budget_bytes
-        for results in ahead(self._read, requests, self.prefetch, threads, cost=cost,
+        threads, depth = self.transform_threads, self.prefetch
+        if self.transform is None:
+            read_bytes = None if sizing is None else sizing.nbytes(sizing.steady_rows)
+            threads = take_streams(max(1, usable_cores() // self.processes), read_bytes, budget)
+            depth = max(depth, threads)  # the byte budget still bounds what is held
+        for results in ahead(self._read, requests, depth, threads, cost=cost,
                              budget=budget, held=self.held):
             yield from results
 

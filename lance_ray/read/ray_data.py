@@ -14,10 +14,10 @@ rows itself while the pipeline starts, and the rest are cut into tasks sized fro
 cluster (``scale``: spread over the task slots, a bounded amount of work each, a few tasks'
 output per slot in flight within the object store). How far the pipeline runs ahead of the
 consumer is bounded by ``run_ahead`` (in place of Ray Data's resource reservation), and
-blocks received are held within the same budget. (Capping the pipeline's object store memory through
-Ray Data's resource limits was tried and made the first batch 7x slower here.) For the
-tensor batch path each read is converted to ``convert.Columns`` once, off the consumer's
-thread.
+blocks received are held within the same budget. (Capping the pipeline's object store
+memory through Ray Data's resource limits was tried and made the first batch much slower.)
+For the tensor batch path each read is converted to ``convert.Columns`` once, off the
+consumer's thread.
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transfo
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
 # The reads a pipeline's consumer makes itself while Ray Data starts (``local_head``): at
 # most these bytes and, with a transform, about this much of the consumer's time (a warm
-# pipeline took 1-2 s here to its first block).
+# pipeline can take seconds to its first block).
 LOCAL_HEAD_BYTES = 32 << 20
 LOCAL_HEAD_SECONDS = 1.0
 # Rows of the first read of a transformed pass, made in this process to time the transform:
-# few, since the consumer waits for them (a whole 1,024-row read of a slow transform was
-# seconds of the consumer's time before any task ran).
+# few, since the consumer waits for them (a whole read of a slow transform was seconds of
+# the consumer's time before any task ran).
 TIMING_ROWS = 64
 
 
@@ -232,8 +232,8 @@ class RayDataReader:
 
     def local_head(self, reqs: list[ChunkRequest]) -> int:
         """How many of the first requests are read in this process while the pipeline
-        starts: Ray Data's first block took 1-2 s here, a local read ~0.1 s. At most
-        ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
+        starts: Ray Data's first block can take seconds, a local read a fraction of one. At
+        most ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
         reader asked for); none when ``ray_remote_args`` say where the work must run, or
         when the rows' width is unknown (a remote table), which leaves the bytes unbounded.
         (A transformed pass's head is sized in rows by the transform's cost, ``_split``.)"""

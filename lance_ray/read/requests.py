@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 FIRST_READ_ROWS = 4096
-# Byte sizes (measured here, README "Read sizing"): Lance serves a take of wide rows fastest
-# at 8-32 MB (a 4096-row take of 64 KB rows ran at half the bytes/s of a 256-row one), and
-# 65,536 narrow rows (the row-count default, which 2.8x the rows/s of 16,384) are ~18 MB.
+# Byte sizes: Lance serves a take of wide rows fastest at a few tens of MB (much larger
+# takes of 64 KB rows lose bytes/s), and 65,536 narrow rows (the row-count default) are
+# ~18 MB. The benchmark's wide-row case (python -m jobs.bench) checks these.
 FIRST_READ_BYTES = 4 << 20
 READ_TARGET_BYTES = 16 << 20
-# A Ray Data read task costs the trainer ~30 ms of CPU here (the executor's scheduling, the
-# block's handover) whatever its size: on 64 KB rows 64 MB reads ran 1.7x the epoch rate of
-# 16 MB ones, for 35-50% more peak RSS; the local reader gained nothing from them.
+# A Ray Data read task costs the trainer tens of ms of CPU (the executor's scheduling, the
+# block's handover) whatever its size, so the Ray reader reads more per task, for more peak
+# RSS; the local reader gains nothing from larger reads.
 RAY_READ_TARGET_BYTES = 64 << 20
 PREFETCH_BUDGET_BYTES = 128 << 20
 

@@ -1,15 +1,14 @@
 """How far a Ray reader's pipeline may run ahead of its consumer, in bytes.
 
 Ray Data's own bound is its per-operator resource reservation, and on a small cluster that
-reservation runs short read tasks one at a time: measured on 2 CPUs, 0.9 tasks running on
-average against 1.75 without it (README, "Transforms"). Without the reservation, though, Ray
+reservation runs short read tasks mostly one at a time (docs/transforms.md; ``python -m
+jobs.bench.reservation`` compares the two). Without the reservation, though, Ray
 Data admits every read task at once and the reads fill the object store ahead of a slow
 trainer. So a pipeline here turns the reservation off and bounds itself with
 ``RunAheadPolicy`` instead: a read task is submitted only while the bytes of the tasks
 running and of the blocks done and not yet taken by the consumer stay within a budget. A
 submitted task cannot be taken back, so a task counts from its submission, at its read's
-size or at the largest output Ray Data has measured, whichever is larger. Measured paired
-against the reservation, the Ray reader's transforms ran 1.28-1.36x faster.
+size or at the largest output Ray Data has measured, whichever is larger.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A Lance table is read with one scan restricted to the wanted row addresses (pylance's
 ``row_addr_allowlist``), which reads each run of consecutive rows (a shuffle clump) as one
-range instead of row by row: on clumped reads it measured up to 2x a sorted ``_take_rows``
-of the same ids, and never slower on scattered ones (README "Clumped reads"). Remote tables
+range instead of row by row: faster than a sorted ``_take_rows`` of the same ids on clumped
+reads, and no slower on scattered ones (docs/performance.md). Remote tables
 and tables with stable row ids (whose ``_rowid`` is not an address) are read with a take.
 """
 

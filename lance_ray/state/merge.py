@@ -8,6 +8,7 @@ from typing import Any
 
 from ..topology import rank_splits
 from .format import EXTRA_KEY, IDENTITY_FIXES, PLAN_KEYS, Progress, parse_state
+from .mixture import is_mixture, merge_mixture_states
 from .packed import CONFIG_KEYS, is_packed, parse_packed_state
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,8 @@ def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
         raise ValueError("merge_state_dicts requires at least one state dict (a non-empty list)")
     if any(is_packed(s) for s in states):
         return merge_packed_states(list(states))
+    if any(is_mixture(s) for s in states):  # MixtureDataset states: each source by owner
+        return merge_mixture_states(list(states), merge_state_dicts)
     parsed = [parse_state(s) for s in states]
     first = states[0]
     for s in states[1:]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .format import EXTRA_KEY, PLAN_KEYS, PlanIdentity, Progress, make_state, parse_state
+from .mixture import is_mixture, parse_mixture
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +175,12 @@ def check_packing_matches(state: dict, config: PackConfig, blocks_per_epoch: int
 
 
 def check_state(state: object) -> None:
-    """Validate a state of either mode (what ``save_state``/``load_state`` accept)."""
-    if is_packed(state):
+    """Validate a state of any mode (what ``save_state``/``load_state`` accept)."""
+    if is_mixture(state):  # a MixtureDataset's: its own part, then each source's state
+        parse_mixture(state)
+        for sub in state["sources"]:  # type: ignore[index]
+            check_state(sub)
+    elif is_packed(state):
         parse_packed_state(state)
     else:
         parse_state(state)

@@ -38,8 +38,8 @@ from .ledger import PENDING_WINDOW, RankReport, ReportBatch, columns_of
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.05  # how often the background thread looks for buffers past their interval
-# One actor answers on the order of a thousand calls a second (measured on a loaded 2-core
-# machine); time-triggered reports of all ranks together aim at half of that.
+# One actor answers on the order of a thousand calls a second on a small machine;
+# time-triggered reports of all ranks together aim at half of that.
 CALLS_PER_S = 500.0
 MIN_EVERY_S = 0.5
 

@@ -1,8 +1,8 @@
 """``lancedb.streaming`` constructor arguments, and which DataLoader worker reads what.
 
 Every argument of the reference is accepted: each is an alias of ours, is mapped onto the
-reader knob it means, or is a validated no-op whose reason is documented here and in the
-README ("Migrating from lancedb.streaming").
+reader knob it means, or is a validated no-op whose reason is documented here and in
+docs/migrating.md.
 """
 
 from __future__ import annotations

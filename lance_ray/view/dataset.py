@@ -42,13 +42,13 @@ from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
 from .pack_args import attached_packing, pack_options, refuse_unsupported
 from .packed import PackedView
+from .placement import placed, placement
 from .properties import ViewProperties
 from .readers import choose_reader, read_sizing
 from .reading import Reading
 from .stats import Gauge, Meter, ReferenceCounters, ViewStats
 
 logger = logging.getLogger(__name__)
-
 
 
 class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
@@ -101,18 +101,17 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         storage_options: zero-argument factory returning Lance storage options, so that
             credentials are never pickled or logged.
         connection_factory: picklable ``f(table_name) -> table`` that reopens a remote
-            (``db://``) table in Ray tasks and DataLoader workers (README "Remote tables").
+            (``db://``) table in Ray tasks and DataLoader workers (docs/remote-tables.md).
         ray_remote_args: extra arguments for the Ray Data read and transform tasks.
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
             shuffled position computed by a seeded bijection, O(num_splits) memory and no
-            build step at any table size, with its own order and checkpoints (README,
-            "Scale").
+            build step at any table size, with its own order and checkpoints (docs/plans.md).
         io_queue_depth, transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.view.compat` for what each means here.
         pack_sequences, eos_id, pad_id, blocks_per_epoch, pack_position_ids, pack_cu_seqlens:
-            sequence packing, as in the reference (README "Sequence packing"): items and
+            sequence packing, as in the reference (docs/packing.md): items and
             batches are ``{"input_ids", "doc_ids"}`` LongTensors of ``pack_sequences`` tokens.
     """
 
@@ -369,22 +368,27 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         """Yield samples one by one: dicts of Python values, or the transform's items."""
         return leased(self._packed_items if self._packing else self._samples)
 
-    def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None
-                     ) -> Iterator[Any]:
+    def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None,
+                     device: Any = None, pin_memory: bool | None = None) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short).
 
         Without a transform a batch is ``{column: tensor}`` from Arrow, no Python object per
         row: fixed-size lists are 2-D; list-of-number and binary columns are ``{"values",
-        "offsets" (int64, rows + 1, from 0), "valid"}`` tensors (README: "What a batch
-        holds"); strings stay lists. With a transform, ``collate_fn`` (default torch's
-        ``default_collate``; items stacked where it ran give its result) collates the items.
+        "offsets" (int64, rows + 1, from 0), "valid"}`` tensors (docs/transforms.md); strings
+        stay lists. With a transform, ``collate_fn`` (default torch's ``default_collate``;
+        items stacked where it ran give its result) collates the items.
         Each batch is committed when it is handed over (``state_dict()`` is exact). Under
         ``on_transform_error="keep_slot"`` failed samples are left out, so such a batch is
         smaller (an empty list if none is left) and every rank yields the same number of
         batches; under ``"skip"`` every batch but the last is full.
+
+        ``device="cuda[:N]"``: tensors arrive on that GPU, copied from reused pinned buffers
+        on a side stream, the next batch's copy started before this one is handed over
+        (``pin_memory=False`` stages in ordinary memory); ``"cpu"`` changes nothing.
+        ``pin_memory=True`` alone gives pinned host tensors (docs/gpu.md).
         """
         positive_int("batch_size", batch_size)
+        where = placement(device, pin_memory)
         run = self._packed_batches if self._packing else self._batches
-        return leased(lambda lease: run(lease, batch_size, collate_fn))
-
-
+        return leased(lambda lease: placed(lambda: run(lease, batch_size, collate_fn), where,
+                                           self))

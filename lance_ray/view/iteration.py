@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ..read.requests import ReadCost
 from ..stream.order import RankStream
+from .device import FeedStats
 
 T = TypeVar("T")
 CONCURRENT = ("StreamingDataset does not support concurrent iteration: only one active "
@@ -44,3 +46,36 @@ def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
     it = start(lease)
     lease.append(weakref.ref(it))
     return it
+
+
+class Commits:
+    """Where a view's progress changes go when a batch is handed over: applied at once, or,
+    while :meth:`holding` is open (a device feed pulling batches ahead of the consumer),
+    collected, for the feed to apply when it hands that batch over."""
+
+    _held: list[Callable[[], None]] | None = None
+    _device_stats: FeedStats | None = None
+
+    @property
+    def device_stats(self) -> FeedStats:
+        """Batches this view handed over on a device (or pinned), how many of them the
+        consumer waited for on their copy, and how many on their read (``FeedStats``)."""
+        if self._device_stats is None:
+            self._device_stats = FeedStats()
+        return self._device_stats
+
+    def _on_handover(self, change: Callable[[], None]) -> None:
+        if self._held is None:
+            change()
+        else:
+            self._held.append(change)
+
+    @contextmanager
+    def holding(self) -> Iterator[list[Callable[[], None]]]:
+        """Collect the changes made while open, instead of applying them."""
+        held: list[Callable[[], None]] = []
+        self._held = held
+        try:
+            yield held
+        finally:
+            self._held = None

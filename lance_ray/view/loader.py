@@ -15,6 +15,7 @@ from ..read.transform import portable_items
 from ..stream.order import RankStream
 from .dataset import StreamingDataset
 from .iteration import Lease, leased, timed
+from .placement import loader_placement, placed
 from .reading import Pass
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
 
@@ -35,8 +36,8 @@ class _BatchSource(TravelsByValue, IterableDataset):
     """What each DataLoader worker iterates: its share of the rank's batches, collated.
 
     Batches travel in groups of ``group`` consecutive batches (one message each: torch's
-    worker-to-trainer transfer costs about a millisecond per tensor, measured, so 256-row
-    batches sent one by one cap a loader at ~80k rows/s here). Worker ``w`` of ``k`` makes
+    worker-to-trainer transfer has a fixed cost per tensor, so small batches sent one by one
+    would cap a loader's rows/s). Worker ``w`` of ``k`` makes
     groups ``w, w+k, ...`` of the one rank sequence; torch's in-order loader returns them
     round-robin, i.e. in sequence order, so the batches (and every global step) are the
     same for any ``num_workers``.
@@ -125,11 +126,22 @@ class StreamingDataLoader(DataLoader):
     otherwise ``collate_fn`` (default torch's ``default_collate``) collates the batch's
     items, in the worker. A packed dataset (``pack_sequences``) gives the batches of its
     ``iter_batches``: workers read and arrange its documents, this process packs them.
+    ``pin_memory=True`` (torch's meaning; ``pin_memory_device`` "" or "cuda[:N]") returns
+    the tensors in pinned host memory, pinned a few batches ahead on threads; without CUDA it
+    warns as torch does and returns them unpinned.
     """
+
+    def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if getattr(dataset, "is_mixture", False):  # a MixtureDataset: its own loader
+            from .mix_loader import MixtureDataLoader
+
+            return MixtureDataLoader(dataset, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
-                 persistent_workers: bool = False, **kwargs: Any) -> None:
+                 persistent_workers: bool = False, pin_memory: bool = False,
+                 pin_memory_device: str = "", **kwargs: Any) -> None:
         if not isinstance(dataset, StreamingDataset):
             raise TypeError(
                 f"StreamingDataLoader requires a lance_ray.StreamingDataset, got "
@@ -158,6 +170,9 @@ class StreamingDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the split plan decides the order")
         if kwargs.get("in_order") is False:
             raise ValueError("in_order=False is not supported: batches must arrive in order")
+        # Pinned here, from torch's caching host allocator, by the same feed as
+        # iter_batches(device=); torch's own pinning is left off.
+        self._placement = loader_placement(pin_memory, pin_memory_device)
         self._source = _BatchSource(batch_size, collate_fn)
         if num_workers > 0:
             self._choose_workers(kwargs)
@@ -193,7 +208,8 @@ class StreamingDataLoader(DataLoader):
         return self._streaming_dataset
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        return leased(self._run)
+        view = self._streaming_dataset
+        return leased(lambda lease: placed(lambda: self._run(lease), self._placement, view))
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         dataset = self._streaming_dataset

@@ -96,7 +96,7 @@ def refuse_unsupported(arguments: dict[str, Any]) -> None:
         raise ValueError(
             f"from_coordinator takes no {', '.join(packing)}: packing belongs to the run, so "
             "pass them (with columns=[token column]) to Coordinator.create(...), and every "
-            "attached view packs those blocks (README: Sequence packing)")
+            "attached view packs those blocks (docs/packing.md)")
     if arguments:
         raise TypeError(f"from_coordinator() got unexpected keyword arguments: "
                         f"{', '.join(sorted(arguments))}")

@@ -15,6 +15,7 @@ import itertools
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from ..plan.sources import PlanSource
     from ..plan.splits import PlanSpec, SplitPlan
     from ..plan.table import TableRef
-    from ..read.requests import ChunkResult
+    from ..read.requests import ChunkResult, ReadCost
     from ..stream.cursor import Cursor
     from ..topology import Topology
     from .stats import Gauge, Meter
@@ -105,6 +106,7 @@ class PackedView:
     _read_rows: Callable[..., Iterator[ChunkResult]]
     _new_cursor: Callable[..., None]
     set_epoch: Callable[[int], None]
+    _on_handover: Callable[[Callable[[], None]], None]
 
     def _reset_packing(self) -> None:
         """Start the current plan's epoch from its first block (resolving ``"auto"``)."""
@@ -262,20 +264,11 @@ class PackedView:
                 if not made:
                     break
                 for blocks, snapshot, cost in made:
-                    self._check_generation(generation)
-                    self._pack_live = (splits, snapshot)
-                    self._cursor.commit(0, batches)
-                    if batches and self._plans.wants_reports:
-                        self._report_packed()
-                    self._gauge.taken = self._gauge.received
-                    self._gauge.delivered += len(blocks)
-                    self._meter.record(len(blocks), cost, 0, wait_s, batches=batches,
-                                       where=self._where)
+                    self._on_handover(partial(self._packed_commit, generation, splits,
+                                              snapshot, len(blocks), cost, wait_s, batches))
                     wait_s = 0.0
                     yield blocks
-            if generation == self._cursor.generation:
-                self._pack_ended = True
-                self._report_left_out(packer)
+            self._on_handover(partial(self._packed_end, generation, packer))
         finally:
             # Stop the takes (waiting for one in progress: then no thread reads ``chunks``),
             # then the reads (a Ray Data pipeline) the budget no longer needs.
@@ -285,6 +278,23 @@ class PackedView:
                     close()
             if generation == self._cursor.generation:
                 self._gauge.stop()
+
+    def _packed_commit(self, generation: int, splits: tuple[int, ...], snapshot: Snapshot,
+                       blocks: int, cost: ReadCost, wait_s: float, batches: int) -> None:
+        """Commit one handed-over batch of ``blocks`` (the packers' ``snapshot`` after it)."""
+        self._check_generation(generation)
+        self._pack_live = (splits, snapshot)
+        self._cursor.commit(0, batches)
+        if batches and self._plans.wants_reports:
+            self._report_packed()
+        self._gauge.taken = self._gauge.received
+        self._gauge.delivered += blocks
+        self._meter.record(blocks, cost, 0, wait_s, batches=batches, where=self._where)
+
+    def _packed_end(self, generation: int, packer: RankPacker) -> None:
+        if generation == self._cursor.generation:
+            self._pack_ended = True
+            self._report_left_out(packer)
 
     def _report_packed(self) -> None:
         """Send the coordinator this rank's packed progress after the step just committed."""

@@ -3,7 +3,7 @@
 ``reader="auto"`` (the default) reads through Ray Data when this process is connected to a
 Ray cluster (``ray.init()`` was called, or it is a Ray task, actor or job driver, or
 ``RAY_ADDRESS`` names one), and in this process otherwise: starting a Ray cluster just to
-read costs seconds (5 s to 30 s to the first batch here, most of it ``ray.init``), while the
+read costs seconds to the first batch (most of it ``ray.init``), while the
 local reader gives its first batch in a fraction of a second. Both readers give the same
 sequence and the same states, so the choice changes only where the reads run.
 """
@@ -77,12 +77,14 @@ def make_reader(kind: str, table: TableRef, columns: list[str] | None,
                 transform: TransformPolicy | None, *, as_tensors: bool, prefetch: int,
                 sizing: ReadSizing, threads: int | None,
                 ray_remote_args: dict[str, Any] | None,
-                documents: DocumentReads | None = None) -> LocalReader | RayDataReader:
-    """The reader of kind ``kind`` (``"ray"`` or ``"local"``)."""
+                documents: DocumentReads | None = None,
+                processes: int = 1) -> LocalReader | RayDataReader:
+    """The reader of kind ``kind`` (``"ray"`` or ``"local"``); a local reader shares the
+    cores with ``processes - 1`` others (DataLoader workers)."""
     if kind == "local":
         return LocalReader(table, columns, transform, as_tensors=as_tensors,
                            prefetch=prefetch, transform_threads=threads, sizing=sizing,
-                           documents=documents)
+                           documents=documents, processes=processes)
     return RayDataReader(table, columns, transform, as_tensors=as_tensors,
                          prefetch_batches=prefetch, ray_remote_args=ray_remote_args,
                          transform_tasks=threads, sizing=sizing, documents=documents)

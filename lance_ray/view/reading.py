@@ -13,6 +13,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch.utils.data import get_worker_info
@@ -27,7 +28,7 @@ from ..read.transform import Failed, Skipped
 from ..stream.order import RankStream
 from ..stream.survivors import Interleaver
 from .compat import current_worker, worker_share
-from .iteration import CONCURRENT, Lease, Survivor, every_row, timed
+from .iteration import CONCURRENT, Commits, Lease, Survivor, every_row, timed
 from .readers import make_reader
 from .stats import progress_bar
 
@@ -97,13 +98,22 @@ class Pass:
     def deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float, *,
                 batches: int, survivors: list[tuple[int, int]] | None = None) -> None:
         """Commit ``size`` sample slots (or exactly the ``survivors``) as consumed, unless
-        the pass was superseded."""
+        the pass was superseded, when the batch is handed over (``Commits``)."""
+        self.view._on_handover(partial(self._deliver, size, cost, skipped, wait_s, batches,
+                                       survivors))
+
+    def _deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float,
+                 batches: int, survivors: list[tuple[int, int]] | None) -> None:
         self.view._check_generation(self.generation)
         self.view._delivered(size, cost, skipped, wait_s, batches=batches,
                              survivors=survivors)
 
     def finished(self) -> None:
-        """The pass read its stream to the end: the next iteration starts the next epoch."""
+        """The pass read its stream to the end: the next iteration starts the next epoch
+        (once the last batch is handed over)."""
+        self.view._on_handover(self._finished)
+
+    def _finished(self) -> None:
         view = self.view
         view._cursor.ended = self.generation == view._cursor.generation
 
@@ -113,7 +123,7 @@ class Pass:
             view._gauge.stop()
 
 
-class Reading:
+class Reading(Commits):
     """Reading and delivering, for :class:`~lance_ray.view.dataset.StreamingDataset`."""
 
     _options: ReferenceOptions
@@ -150,11 +160,13 @@ class Reading:
 
     def _reader(self, in_worker: bool, as_tensors: bool,
                 documents: DocumentReads | None = None) -> LocalReader | RayDataReader:
+        info = get_worker_info()
         return make_reader("local" if in_worker else self._reader_kind, self._table,
                            self._columns, self._transform, as_tensors=as_tensors,
                            prefetch=self._prefetch_batches, sizing=self._sizing,
                            threads=self._options.transform_parallelism,
-                           ray_remote_args=self._ray_remote_args, documents=documents)
+                           ray_remote_args=self._ray_remote_args, documents=documents,
+                           processes=1 if info is None else info.num_workers)
 
     def _chunks(self, stream: RankStream, requests: Iterator[ChunkRequest],
                 in_worker: bool, as_tensors: bool,
@@ -225,15 +237,18 @@ class Reading:
             for split, position, item in zip(splits.tolist(), positions.tolist(),
                                              as_items(chunk.payload)):
                 order.feed(split, position, item, isinstance(item, Failed))
-            dropped = order.dropped - before
-            self._gauge.taken += dropped
-            self._meter.record(0, NO_COST, dropped, 0.0, batches=0, where=self._where)
+            self._on_handover(partial(self._dropped, order.dropped - before))
             cost = chunk.cost
             for split, position, item in order.ready():
                 yield split, position, item, cost
                 cost = NO_COST
             if order.finished:
                 return
+
+    def _dropped(self, rows: int) -> None:
+        """Count ``rows`` failed rows dropped from their splits."""
+        self._gauge.taken += rows
+        self._meter.record(0, NO_COST, rows, 0.0, batches=0, where=self._where)
 
     def _delivered(self, size: int, cost: ReadCost, skipped: int,
                    wait_s: float, *, batches: int,

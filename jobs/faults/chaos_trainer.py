@@ -1,4 +1,4 @@
-"""Chaos in real TorchTrainer runs: ``python jobs/chaos.py --trainer --trials 20``.
+"""Chaos in real TorchTrainer runs: ``python -m jobs.faults.chaos --trainer --trials 20``.
 
 This process owns one ``ray.cluster_utils.Cluster`` (a head with 2 train slots) and is the
 only one that adds or removes its nodes (``Cluster`` must be driven from the main thread).
@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
-import verify as verify_job
 
+from jobs import verify as verify_job
 from lance_ray.coordinator.handle import Coordinator
 from lance_ray.proof.audit import AttemptLog, read_attempt_logs
 from lance_ray.proof.verify import CoverageReport
 
 logger = logging.getLogger("chaos")
-JOBS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
 KINDS = ("sigkill", "node", "coordinator", "report", "resize", "elastic")
 RESIZING = ("node", "resize", "elastic")  # kinds whose run changes world size mid-epoch
 NODE = {"num_cpus": 1, "resources": {"slot": 2}}
@@ -133,7 +133,7 @@ class TrialRunner:
 
     def launch(self, name: str, kind: str) -> subprocess.Popen:
         s = self.shape
-        cmd = [sys.executable, str(JOBS / "train.py"), "--address", self.cluster.address,
+        cmd = [sys.executable, "-m", "jobs.train", "--address", self.cluster.address,
                "--db", str(self.db), "--table", "demo", "--name", name,
                "--storage-path", str(self.work / "storage"), "--min-workers", "2",
                "--workers", "4", "--resize-interval", str(s.resize_interval_s),
@@ -143,7 +143,7 @@ class TrialRunner:
         out = open(self.work / f"{name}.log", "w")  # noqa: SIM115 (the child owns it)
         env = {**os.environ, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": str(
             s.group_start_timeout_s)}  # the driver passes it on to the controller
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=JOBS.parent,
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env=env)
 
     def wait(self, proc: subprocess.Popen, what: str, until: Callable[[], T | None],

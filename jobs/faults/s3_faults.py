@@ -1,7 +1,7 @@
 """Object-store outages mid-epoch: the run continues exactly once, or fails after a bounded
 time with a clear error and resumes exactly once when the store is back.
 
-    python jobs/s3_faults.py [--outage 10] [--bound 5] [--train]
+    python -m jobs.faults.s3_faults [--outage 10] [--bound 5] [--train]
 
 Everything lives on a local S3-compatible server (moto on 127.0.0.1, started and stopped
 here): the table, the coordinator's ledger and, with ``--train``, the Ray Train checkpoints
@@ -37,8 +37,7 @@ from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from local_s3 import Forwarder, LocalS3, s3_env  # noqa: E402
+from lance_ray.testing.local_s3 import Forwarder, LocalS3, s3_env
 
 # Big enough that the readers' prefetch cannot hold the rest of the epoch when the store
 # goes away at --at-step: reads meet the outage, not only the ledger writes.
@@ -192,8 +191,9 @@ def train_trial(args, server: LocalS3, forwarder: Forwarder, real_port: int, n: 
     """A TorchTrainer run (jobs/train.py) on S3 with the endpoint down mid-epoch."""
     import pyarrow.fs as pafs
     import ray.cloudpickle
-    import train as train_job
-    import verify as verify_job
+
+    from jobs import train as train_job
+    from jobs import verify as verify_job
 
     ray.cloudpickle.register_pickle_by_value(train_job)  # workers cannot import jobs/
     name, at_step = f"t{n}-train", 8
@@ -259,9 +259,9 @@ def main() -> None:
     try:
         server.create_bucket(BUCKET)
         import ray
-        from make_table import create_table
 
         import lance_ray
+        from lance_ray.testing.tables import create_table
 
         ray.init(num_cpus=2, resources={"slot": 4}, include_dashboard=False,
                  _temp_dir=tempfile.mkdtemp(prefix="lance_ray_faults_"))

@@ -1,6 +1,6 @@
 """Time to the first batch in a fresh process, with no Ray running: lance_ray vs the reference.
 
-    python jobs/cold_start.py --db runs/db --table bench [--trials 3] [--profile out.prof]
+    python -m jobs.bench.cold_start --db runs/db --table bench [--trials 3] [--profile out.prof]
 
 Each trial is a new Python process with ``RAY_ADDRESS`` unset and no Ray cluster started by
 this script. The child imports torch, lancedb and lance_ray (timed apart: imports are the

@@ -1,7 +1,7 @@
 """Plans at scale: build time, memory and one trained epoch for each plan mode.
 
-    python jobs/bench_plan.py --rows 10000000           # a real narrow table (int64 id)
-    python jobs/bench_plan.py --simulate 100000000      # plan="index" over a simulated id space
+    python -m jobs.bench.plan --rows 10000000           # a real narrow table (int64 id)
+    python -m jobs.bench.plan --simulate 100000000      # plan="index" over a simulated id space
 
 For a real table it writes ``--rows`` rows (one int64 column, ~8 bytes a row on disk) under
 ``--dir``, then, for each plan mode, in a fresh process (so peak RSS is that mode's own):
@@ -158,7 +158,8 @@ def child(args: argparse.Namespace) -> None:
 
 
 def in_child(argv: list[str]) -> dict:
-    done = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "jobs.bench.plan", *argv], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[2])
     if done.returncode:
         return {"error": "\n".join(done.stderr.strip().splitlines()[-3:]) or "failed"}
     return json.loads(done.stdout.strip().splitlines()[-1])

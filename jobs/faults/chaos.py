@@ -1,13 +1,13 @@
 """Chaos trials: kill a rank, the coordinator, or a whole node at a random step, recover the
 way Ray Train does, and prove exactly-once coverage every time.
 
-    python jobs/chaos.py --trials 24 [--seed 0]
-    python jobs/chaos.py --trainer --trials 20 [--seed 0] [--kinds sigkill,node,...]
+    python -m jobs.faults.chaos --trials 24 [--seed 0]
+    python -m jobs.faults.chaos --trainer --trials 20 [--seed 0] [--kinds sigkill,node,...]
 
 ``--trainer`` runs the trials in real TorchTrainer runs (``jobs/train.py``, elastic over
 2..4 workers): SIGKILL of a train worker, node removal, a coordinator kill, a kill inside
 ``lance_ray.train.report``, a kill during an elastic resize, and a plain grow-and-shrink;
-see ``jobs/chaos_trainer.py``. It prints the proof table and the recovery times.
+see ``jobs/faults/chaos_trainer.py``. It prints the proof table and the recovery times.
 Without it, the trials below use stand-in rank actors:
 
 Each trial runs one epoch on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``,
@@ -48,15 +48,12 @@ os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import chaos_report  # noqa: E402
-import chaos_trainer  # noqa: E402
-from make_table import create_table  # noqa: E402
-from ranks import Rank  # noqa: E402
-
-import lance_ray  # noqa: E402
-from lance_ray.coordinator.handle import Coordinator  # noqa: E402
-from lance_ray.proof.verify import CoverageReport, compare_steps, coverage  # noqa: E402
+import lance_ray
+from jobs.faults import chaos_report, chaos_trainer
+from lance_ray.coordinator.handle import Coordinator
+from lance_ray.proof.verify import CoverageReport, compare_steps, coverage
+from lance_ray.testing.ranks import Rank
+from lance_ray.testing.tables import create_table
 
 logger = logging.getLogger("chaos")
 KINDS = ("rank", "checkpoint", "coordinator", "node")

@@ -1,4 +1,5 @@
-"""A local S3-compatible server (moto's, from PyPI) for tests, the demo and fault trials.
+"""A local S3-compatible server (moto's, from PyPI: the ``dev`` extra) for tests, demos and
+fault trials.
 
     server = LocalS3.start()             # moto_server -H 127.0.0.1 -p <free port>
     os.environ.update(server.env())      # what Lance, pyarrow and Ray Train read
@@ -191,7 +192,8 @@ class Forwarder:
 
 
 def main() -> None:
-    """Run a server in the foreground (``python jobs/local_s3.py``) and print its env."""
+    """Run a server in the foreground and print its environment:
+    ``python -m lance_ray.testing.local_s3``."""
     server = LocalS3.start()
     server.create_bucket("lance-ray")
     for k, v in server.env().items():

@@ -1,6 +1,6 @@
 """Coordinator figures: report throughput with many ranks, restart recovery, plan memory.
 
-    python jobs/bench_coordinator.py [--ranks 64] [--steps 50] [--rows 200000]
+    python -m jobs.bench.coordinator [--ranks 64] [--steps 50] [--rows 200000]
                                      [--every-batches 50] [--every-s 0.5]
 
 * reports/s and sealed steps/s: ``--ranks`` simulated ranks step in lockstep in this driver,
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -35,14 +34,12 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_table import create_table  # noqa: E402
-
-from lance_ray.coordinator.handle import Coordinator  # noqa: E402
-from lance_ray.plan.sources import CoordinatorPlans  # noqa: E402
-from lance_ray.state.ledger import RankReport  # noqa: E402
-from lance_ray.state.reporting import ReportPolicy  # noqa: E402
-from lance_ray.topology import rank_splits  # noqa: E402
+from lance_ray.coordinator.handle import Coordinator
+from lance_ray.plan.sources import CoordinatorPlans
+from lance_ray.state.ledger import RankReport
+from lance_ray.state.reporting import ReportPolicy
+from lance_ray.testing.tables import create_table
+from lance_ray.topology import rank_splits
 
 
 def rss_mib(pid: int) -> float:

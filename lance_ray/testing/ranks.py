@@ -1,6 +1,6 @@
 """One data-parallel rank as a Ray actor: a view in its own process, stepped batch by batch by
-a driver. Shared by the jobs (elastic_resume, chaos) and the tests that need ranks in other
-processes or on other nodes."""
+a driver. Used by ``jobs/elastic_resume.py``, the fault trials and the tests that need ranks
+in other processes or on other nodes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tables of ``jobs/chaos.py --trainer``: what each trial proved, and how long recovery took.
+"""Tables of ``jobs/faults/chaos.py --trainer``: what each trial proved, and how long recovery took.
 
 Recovery is measured from the sample logs and the fault times: from the fault (or the node
 joining, for a resize) to the first batch of the restarted group. The data path's own
@@ -13,8 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from chaos_trainer import RunShape, TrainerTrial, world_sizes
-
+from jobs.faults.chaos_trainer import RunShape, TrainerTrial, world_sizes
 from lance_ray.proof.audit import AttemptLog
 
 CAUSES = {"fault": "worker killed", "node removed": "node removed", "node added": "resize"}

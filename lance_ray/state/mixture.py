@@ -1,0 +1,194 @@
+"""A mixture's checkpoint: its format, its strict checks, its merge, and what each rank has
+left of every source (pure: no Ray, no torch, no I/O).
+
+A mixture state is ``{"lance_ray_mixture": {...}, "sources": [one state per source]}``.
+Each source's state is an ordinary ``StreamingDataset`` state of that source's current
+pass (its plan epoch), so every per-source guarantee (exact progress, merges by owner) is
+the one single tables have. The mixture's own part says which mixture it belongs to (the
+sources' tables, versions, filters and weights, in order; ``stop``; the plan arguments),
+where its phase stands (``step``: samples this rank delivered since the phase began) and,
+per source, its pass and whether it was already read whole in this mixture epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..checks import is_int
+from ..topology import rank_splits
+from .format import parse_state
+
+MIX_KEY = "lance_ray_mixture"
+PACK_KEY = "pack"  # a packed mixture's packing and every rank's carry
+MIX_FORMAT_VERSION = 1
+STOPS = ("first_exhausted", "all_exhausted")
+# What must agree between a state and the mixture loading it, and how to fix each.
+MIX_FIXES = {
+    "stop": "construct the MixtureDataset with the checkpoint's stop",
+    "num_splits": "construct the MixtureDataset with the checkpoint's num_splits",
+    "shuffle_seed": "construct the MixtureDataset with the checkpoint's shuffle_seed",
+}
+SOURCE_FIXES = {
+    "table": "pass the checkpoint's sources, in the checkpoint's order",
+    "table_version": "open each source at the checkpoint's version (Source(table_version=...))",
+    "filter": "give each source the checkpoint's filter",
+    "rows": "pass the checkpoint's sources, in the checkpoint's order (these rows differ)",
+    "weight": "give the sources the checkpoint's weights (their proportions must match)",
+}
+
+
+def is_mixture(state: object) -> bool:
+    return isinstance(state, dict) and MIX_KEY in state
+
+
+def make_mixture_state(meta: dict[str, Any], *, epoch: int, world_size: int, rank: int | None,
+                       step: int | None, end: int, global_step: int, passes: Sequence[int],
+                       whole: Sequence[bool], sources: list[dict[str, Any]],
+                       **extra: Any) -> dict[str, Any]:
+    """A mixture state; ``meta`` is :func:`mixture_meta`'s description of the mixture;
+    ``extra``: a packed mixture's ``pack``."""
+    return {**extra, MIX_KEY: {"format_version": MIX_FORMAT_VERSION, **meta, "epoch": epoch,
+                      "world_size": world_size, "rank": rank, "step": step, "end": end,
+                      "global_step": global_step, "passes": [int(p) for p in passes],
+                      "read_whole": [bool(w) for w in whole]},
+            "sources": sources}
+
+
+def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop: str,
+                 num_splits: int, shuffle_seed: int) -> dict[str, Any]:
+    """What identifies a mixture: ``sources`` are ``{"table", "table_version", "filter",
+    "rows"}`` (rows after the filter)."""
+    return {"sources": [{**s, "weight": int(w)} for s, w in zip(sources, weights)],
+            "stop": stop, "num_splits": num_splits, "shuffle_seed": shuffle_seed}
+
+
+def phase_step(state: dict[str, Any], rank: int, world_size: int) -> int | None:
+    """The step at which rank ``rank`` of ``world_size`` continues the state's phase, or None
+    when it starts a new phase (another world size, or ranks' steps unknown)."""
+    mix = state[MIX_KEY]
+    if mix["world_size"] != world_size:
+        return None
+    if mix["step"] is not None:
+        return int(mix["step"])
+    steps = state.get("rank_steps")
+    if isinstance(steps, list) and len(steps) == world_size and is_int(steps[rank]) \
+            and steps[rank] >= 0:
+        return int(steps[rank])
+    return None
+
+
+def parse_mixture(state: object) -> dict[str, Any]:
+    """The validated mixture part of ``state`` (its sources' states are checked by their
+    views when they load them)."""
+    if not isinstance(state, dict):
+        raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    if MIX_KEY not in state:
+        raise ValueError("this is a single table's state, not a MixtureDataset's: load it "
+                         "into a StreamingDataset, or pass a MixtureDataset.state_dict()")
+    mix = state[MIX_KEY]
+    version = mix.get("format_version") if isinstance(mix, dict) else None
+    if not isinstance(mix, dict) or version != MIX_FORMAT_VERSION:
+        raise ValueError(f"mixture state format_version {version!r} is not supported (this "
+                         f"lance_ray reads {MIX_FORMAT_VERSION}); upgrade lance_ray to load it")
+    missing = [k for k in ("sources", "stop", "num_splits", "shuffle_seed", "epoch",
+                           "world_size", "rank", "step", "end", "global_step", "passes",
+                           "read_whole")
+               if k not in mix]
+    if missing:
+        raise ValueError(f"mixture state is missing field(s) {missing}; pass the dict "
+                         "returned by state_dict() (or merge_state_dicts()) unchanged")
+    n = len(mix["sources"])
+    subs = state.get("sources")
+    if not isinstance(subs, list) or len(subs) != n or len(mix["passes"]) != n \
+            or len(mix["read_whole"]) != n:
+        raise ValueError(f"mixture state must hold one state, pass and flag per source ({n})")
+    for key in ("epoch", "world_size", "global_step", "end"):
+        if not is_int(mix[key]) or mix[key] < 0:
+            raise ValueError(f"mixture state {key} {mix[key]!r} must be a non-negative integer")
+    if mix["step"] is not None and (not is_int(mix["step"]) or mix["step"] < 0):
+        raise ValueError(f"mixture state step {mix['step']!r} must be null or an integer >= 0")
+    return mix
+
+
+def check_mixture_compatible(mix: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Raise, naming the fix, unless ``mix`` belongs to the mixture ``meta`` describes."""
+    for key, fix in MIX_FIXES.items():
+        if mix[key] != meta[key]:
+            raise ValueError(f"{key} mismatch: checkpoint has {mix[key]!r}, mixture has "
+                             f"{meta[key]!r}; {fix}")
+    theirs, ours = mix["sources"], meta["sources"]
+    if len(theirs) != len(ours):
+        raise ValueError(f"the checkpoint has {len(theirs)} sources, this mixture "
+                         f"{len(ours)}; {SOURCE_FIXES['table']}")
+    ratio = [t["weight"] for t in theirs], [o["weight"] for o in ours]
+    for i, (t, o) in enumerate(zip(theirs, ours)):
+        for key, fix in SOURCE_FIXES.items():
+            if key == "weight":
+                continue
+            if t.get(key) != o.get(key):
+                raise ValueError(f"source {i}: {key} mismatch: checkpoint has {t.get(key)!r}, "
+                                 f"mixture has {o.get(key)!r}; {fix}")
+    if ratio[0] != ratio[1]:
+        raise ValueError(f"weights mismatch: checkpoint's are in proportions {ratio[0]}, "
+                         f"this mixture's {ratio[1]}; {SOURCE_FIXES['weight']}")
+
+
+def merge_mixture_states(states: list[dict],
+                         merge_one: Callable[[list[dict]], dict[str, Any]]) -> dict[str, Any]:
+    """Merge every rank's mixture state, taken at one global step, into one state that
+    loads on any world size dividing ``num_splits``. ``merge_one`` merges one source's
+    per-rank states (``lance_ray.merge_state_dicts``)."""
+    mixes = [parse_mixture(s) for s in states]
+    first = mixes[0]
+    for m in mixes[1:]:
+        check_mixture_compatible(m, first)
+        for key in ("epoch", "passes", "read_whole", "world_size", "global_step", "end"):
+            if m[key] != first[key]:
+                raise ValueError(
+                    f"{key} differs across the mixture states ({m[key]!r} != "
+                    f"{first[key]!r}): save every rank's state at the same step (e.g. right "
+                    "after the same optimizer step) and merge those")
+    sources = [merge_one([s["sources"][i] for s in states]) for i in range(len(first["sources"]))]
+    packs = [s.get(PACK_KEY) for s in states]
+    steps = {m["step"] for m in mixes}
+    # Ranks at different steps (e.g. packed ranks, whose documents differ in length): each
+    # rank's step, so that the same group resumes exactly; another size starts a new phase.
+    by_rank = {m["rank"]: m["step"] for m in mixes}
+    rank_steps = [by_rank.get(r) for r in range(first["world_size"])] \
+        if len(steps) > 1 and None not in by_rank else None
+    meta = {k: first[k] for k in ("sources", "stop", "num_splits", "shuffle_seed")}
+    # One phase step on every rank: the same-size group continues the phase exactly.
+    return make_mixture_state(meta, epoch=first["epoch"], world_size=first["world_size"],
+                              rank=None, step=steps.pop() if len(steps) == 1 else None,
+                              end=first["end"],
+                              global_step=first["global_step"], passes=first["passes"],
+                              whole=first["read_whole"], sources=sources,
+                              **({PACK_KEY: merge_pack_states(packs)} if any(packs) else {}),
+                              **({"rank_steps": rank_steps} if rank_steps else {}))
+
+
+def merge_pack_states(parts: list[Any]) -> dict[str, Any]:
+    """Every rank's carry of a packed mixture, in one state."""
+    if not all(parts):
+        raise ValueError("cannot merge packed and unpacked mixture states")
+    first = parts[0]
+    for p in parts[1:]:
+        if {k: v for k, v in p.items() if k != "carries"} != \
+                {k: v for k, v in first.items() if k != "carries"}:
+            raise ValueError("the packed mixture states disagree on their packing or world "
+                             "size; merge the states of one run's ranks at one step")
+    carries: dict[str, Any] = {}
+    for p in parts:
+        carries.update(p["carries"])
+    return {**first, "carries": carries}
+
+
+def remaining_per_rank(source_state: dict, world_size: int) -> list[int]:
+    """Samples each rank of ``world_size`` has left of a source's pass, from a state that
+    holds every split's progress (a merged, one-rank or lockstep state)."""
+    progress = parse_state(source_state)
+    split_len = source_state["lance_ray"]["split_len"]
+    num_splits = source_state["num_splits"]
+    return [sum(split_len - progress.samples[s] for s in rank_splits(r, world_size, num_splits))
+            for r in range(world_size)]

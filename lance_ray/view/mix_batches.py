@@ -1,0 +1,213 @@
+"""Cutting a mixture's batches from its sources' reads: one buffer per source, and the
+interleave that puts the rows of one batch in schedule order, tagged with their source.
+
+A batch of ``B`` mixture steps takes ``n_i`` consecutive samples of source ``i`` (the
+schedule's counts); the rows are joined per source (views of the reads where possible), then
+gathered once into the schedule's order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..read.batching import Batch
+from ..read.convert import Columns, Ragged, gather_rows
+from ..read.items import as_items
+from ..read.requests import NO_COST, ReadCost
+from ..stream.mixing import Schedule
+
+SOURCE_KEY = "source"
+
+
+@dataclass
+class MixBatch:
+    """Batch ``index`` of an iteration: the source of each of its steps, and per source the
+    ``(pass, lo, hi)`` samples it takes of that pass's stream (offsets from where the
+    iteration found the pass; a later pass from its start)."""
+
+    index: int
+    sources: np.ndarray
+    segments: list[list[tuple[int, int, int]]]
+
+
+def plan_batches(schedule: Schedule, step: int, end: int, batch_size: int,
+                 left: Sequence[int], pass_len: Sequence[int], passes: Sequence[int]
+                 ) -> Iterator[MixBatch]:
+    """The batches of steps ``step .. end-1``; source ``i`` has ``left[i]`` samples left of
+    its pass ``passes[i]``, and a fresh pass has ``pass_len[i]``."""
+    left, passes = list(left), list(passes)
+    offset = [0] * len(left)
+    index = 0
+    while step < end:
+        sources = schedule.sources(step, min(step + batch_size, end))
+        segments: list[list[tuple[int, int, int]]] = []
+        for i, c in enumerate(np.bincount(sources, minlength=len(left)).tolist()):
+            mine = []
+            while c:
+                if left[i] == 0:  # all_exhausted: the source's next pass
+                    passes[i], left[i], offset[i] = passes[i] + 1, pass_len[i], 0
+                take = min(c, left[i])
+                mine.append((passes[i], offset[i], offset[i] + take))
+                offset[i] += take
+                left[i] -= take
+                c -= take
+            segments.append(mine)
+        yield MixBatch(index, sources, segments)
+        index += 1
+        step += len(sources)
+
+
+class SourceBuffer:
+    """The read-ahead batches of one source's pass, taken from in order."""
+
+    def __init__(self, batches: Iterator[Batch], pass_no: int = 0):
+        self.pass_no = pass_no
+        self._batches = batches
+        self._parts: deque[Any] = deque()
+        self.cost: ReadCost = NO_COST  # of the reads that arrived since the last take
+        self.wait_s = 0.0
+
+    def take(self, n: int, clock: Callable[[], float]) -> list[Any]:
+        """The next ``n`` samples, as slices of the reads' payloads."""
+        out: list[Any] = []
+        while n:
+            if not self._parts:
+                started = clock()
+                batch = next(self._batches, None)
+                self.wait_s += clock() - started
+                if batch is None:
+                    raise RuntimeError("a mixture source ran out of samples its schedule "
+                                       "still counted on; this is a bug in lance_ray")
+                self.cost = self.cost + batch.cost
+                self._parts.append(batch.payload)
+            part = self._parts[0]
+            if len(part) <= n:
+                out.append(self._parts.popleft())
+                n -= len(part)
+            else:
+                out.append(part[:n])
+                self._parts[0] = part[n:]
+                n = 0
+        return out
+
+    def prime(self) -> None:
+        """Wait for the first read now (callable from another thread, before any take)."""
+        if not self._parts:
+            batch = next(self._batches, None)
+            if batch is not None:
+                self.cost = self.cost + batch.cost
+                self._parts.append(batch.payload)
+
+    def booked(self) -> tuple[ReadCost, float]:
+        """The cost and wait since the last call (booked with the batch that took them)."""
+        cost, wait = self.cost, self.wait_s
+        self.cost, self.wait_s = NO_COST, 0.0
+        return cost, wait
+
+    def close(self) -> None:
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+
+def interleave_order(sources: np.ndarray) -> np.ndarray:
+    """For rows joined source by source (in source order), the row each step takes."""
+    grouped = np.argsort(sources, kind="stable")
+    order = np.empty_like(grouped)
+    order[grouped] = np.arange(len(grouped))
+    return order
+
+
+def take_rows(cols: Columns, order: np.ndarray) -> dict[str, Any]:
+    """Rows ``order`` of ``cols`` as a batch (``{column: tensor | ragged dict | list}``)."""
+    import torch
+
+    out: dict[str, Any] = {}
+    index = torch.from_numpy(order)
+    for name, v in cols.data.items():
+        if isinstance(v, torch.Tensor):
+            out[name] = v.index_select(0, index)
+        elif isinstance(v, Ragged):
+            offsets = v.offsets.numpy()
+            starts, lengths = offsets[:-1][order], np.diff(offsets)[order]
+            new = np.zeros(len(order) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=new[1:])
+            values = gather_rows([v.values.numpy()], starts, lengths, new)
+            out[name] = Ragged(torch.from_numpy(values), torch.from_numpy(new),
+                               v.valid[index]).as_dict()
+        else:
+            out[name] = [v[i] for i in order.tolist()]
+    return out
+
+
+def tagged(item: Any, source: int) -> dict[str, Any]:
+    """``item`` carrying its source's index; items must be dicts to carry it."""
+    if not isinstance(item, dict):
+        raise TypeError(
+            f"a MixtureDataset item must be a dict to carry its 'source', got "
+            f"{type(item).__name__}; make the transform return one dict per row")
+    return {**item, SOURCE_KEY: source}
+
+
+def mixed_items(parts: Sequence[list[Any]], sources: np.ndarray) -> list[dict[str, Any]]:
+    """Items of every source in schedule order, each tagged with its source."""
+    its = [iter([x for p in ps for x in as_items(p)]) for ps in parts]
+    return [tagged(next(its[s]), s) for s in sources.tolist()]
+
+
+def scattered(parts: Sequence[list[Columns]], sources: np.ndarray) -> dict[str, Any] | None:
+    """The rows of each source's ``Columns`` parts written straight to their steps' places
+    (one copy), when every column is a tensor; else None."""
+    import torch
+
+    first = next(p[0] for p in parts if p)
+    if not all(isinstance(v, torch.Tensor) for v in first.data.values()):
+        return None
+    out = {name: torch.empty((len(sources), *v.shape[1:]), dtype=v.dtype)
+           for name, v in first.data.items()}
+    for i, ps in enumerate(parts):
+        if not ps:
+            continue
+        places = torch.from_numpy(np.flatnonzero(sources == i))
+        at = 0
+        for part in ps:
+            if part.data.keys() != out.keys():
+                raise ValueError(f"the sources deliver different columns {sorted(out)} and "
+                                 f"{sorted(part.data)}; pass columns=[...] every source has")
+            rows = places[at : at + len(part)]
+            for name, v in part.data.items():
+                if not isinstance(v, torch.Tensor) or v.dtype != out[name].dtype:
+                    return None
+                out[name].index_copy_(0, rows, v)
+            at += len(part)
+    return out
+
+
+def mixed_batch(parts: Sequence[list[Any]], sources: np.ndarray,
+                collate_fn: Callable[[list[Any]], Any] | None) -> Any:
+    """One mixture batch from each source's slices, rows in schedule order."""
+    import torch
+
+    present = [ps for ps in parts if ps]
+    if present and all(isinstance(p, Columns) for ps in present for p in ps):
+        out = scattered(parts, sources)
+        if out is None:  # ragged or list columns: join, then gather once
+            joined = [Columns.concat(ps) for ps in present]
+            names = {tuple(c.data) for c in joined}
+            if len(names) > 1:
+                raise ValueError(f"the sources deliver different columns {sorted(names)}; "
+                                 "pass columns=[...] that every source has")
+            out = take_rows(Columns.concat(joined), interleave_order(sources))
+        out[SOURCE_KEY] = torch.from_numpy(np.ascontiguousarray(sources, dtype=np.int64))
+        return out
+    items = mixed_items(parts, sources)
+    if collate_fn is not None:
+        return collate_fn(items)
+    from torch.utils.data import default_collate
+
+    return default_collate(items)

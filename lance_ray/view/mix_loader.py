@@ -1,0 +1,173 @@
+"""``StreamingDataLoader`` over a ``MixtureDataset``: DataLoader workers read and collate the
+mixture's batches, the trainer's process commits each when ``next()`` returns it.
+
+The trainer plans the iteration's batches (:func:`~lance_ray.view.mix_batches.plan_batches`:
+per batch, which samples of which source pass); worker ``w`` of ``k`` reads batches ``w,
+w+k, ...`` of that plan (each source's ranges of its rank stream, in order), and torch's
+in-order loader hands them back round-robin, so the batches are those of ``num_workers=0``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ..checks import positive_int
+from ..read.batching import Batch, assemble, requests_for
+from ..read.requests import NO_COST, ReadCost
+from ..stream.order import RankStream, stream_for
+from .iteration import Lease, leased, timed
+from .mix_batches import MixBatch, mixed_batch
+from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
+
+if TYPE_CHECKING:
+    from .dataset import StreamingDataset
+    from .mixture import MixtureDataset
+
+
+class _Made(NamedTuple):
+    number: int
+    data: Any
+    cost: ReadCost
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def read_ranges(view: StreamingDataset, stream: RankStream, ranges: list[tuple[int, int]],
+                as_tensors: bool) -> Iterator[Batch]:
+    """Samples ``lo .. hi-1`` of ``stream`` for each range, in order, read in this process."""
+    wanted = [(j, lo, hi) for j, (lo, hi) in enumerate(ranges)]
+    requests = requests_for(view._plan, stream, ranges, view._sizing)
+    chunks = view._chunks(stream, requests, True, as_tensors)
+    return assemble((view._resolved(stream, c) for c in chunks), wanted)
+
+
+class _MixtureBatches(TravelsByValue, IterableDataset):
+    """What each worker iterates: its share of the planned batches, read and collated."""
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None):
+        super().__init__()
+        self.collate_fn = collate_fn
+        self.mixture: MixtureDataset | None = None
+        self.plan: list[MixBatch] = []
+        self.streams: list[RankStream] = []
+
+    def __iter__(self) -> Iterator[_Made]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mix = self.mixture
+        assert mix is not None, "the loader sets its mixture before iterating"
+        mine = self.plan[worker::workers]
+        first = list(mix._passes)
+        ranges: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+        for mb in mine:
+            for i, segments in enumerate(mb.segments):
+                for pass_no, lo, hi in segments:
+                    ranges[(i, pass_no)].append((lo, hi))
+        readers: dict[tuple[int, int], Iterator[Batch]] = {}
+        as_tensors = self.collate_fn is None
+
+        def reader(i: int, pass_no: int) -> Iterator[Batch]:
+            if (i, pass_no) not in readers:
+                view = mix._views[i]
+                stream = self.streams[i]
+                if pass_no != first[i]:  # a later pass of the source: its plan, from 0
+                    spec = view._spec.for_epoch(pass_no)
+                    view._install_plan(spec, view._plans.part(spec, view._owned))
+                    zeros = [0] * view.num_splits
+                    stream = stream_for(view._owned, zeros, zeros, view._plan.split_len)
+                readers[(i, pass_no)] = read_ranges(view, stream, ranges[(i, pass_no)],
+                                                    as_tensors)
+            return readers[(i, pass_no)]
+
+        for mb in mine:
+            parts: list[list[Any]] = [[] for _ in mb.segments]
+            cost = NO_COST
+            for i, segments in enumerate(mb.segments):
+                for pass_no, _, _ in segments:
+                    batch = next(reader(i, pass_no))
+                    parts[i].append(batch.payload)
+                    cost = cost + batch.cost
+            yield _Made(mb.index, mixed_batch(parts, mb.sources, self.collate_fn), cost)
+
+
+class MixtureDataLoader(DataLoader):
+    """What ``StreamingDataLoader(mixture, ...)`` makes: batches of ``mixture.iter_batches``
+    (the same with any ``num_workers``), committed when ``next()`` returns them, so the
+    mixture's ``state_dict()`` is exact after every batch."""
+
+    def __init__(self, dataset: MixtureDataset, batch_size: int = 1, *, num_workers: int = 0,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
+                 persistent_workers: bool = False, **kwargs: Any) -> None:
+        positive_int("batch_size", batch_size)
+        if drop_last or persistent_workers:
+            raise ValueError("drop_last=True and persistent_workers=True are not supported: "
+                             "each iteration starts its workers from the committed state")
+        for banned in ("sampler", "batch_sampler", "shuffle"):
+            if kwargs.get(banned):
+                raise ValueError(f"{banned} is not supported: the mixture decides the order")
+        if num_workers and dataset._pack is not None:
+            raise NotImplementedError("a packed mixture reads in the trainer's process: use "
+                                      "num_workers=0 (docs/mixing.md)")
+        self._source = _MixtureBatches(collate_fn)
+        if num_workers > 0:
+            line = unguarded_main_line()
+            kwargs.setdefault("multiprocessing_context",
+                              worker_context(script_free=line is not None))
+            if line is not None:
+                self._source.by_value = True
+                if kwargs.get("worker_init_fn") is not None:
+                    kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
+        self._mixture = dataset
+        self._batch_size_samples = batch_size
+        super().__init__(self._source, batch_size=None, num_workers=num_workers,
+                         collate_fn=_identity, **kwargs)
+
+    @property
+    def streaming_dataset(self) -> MixtureDataset:
+        return self._mixture
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self.num_workers == 0:
+            return self._mixture.iter_batches(self._batch_size_samples,
+                                              collate_fn=self._source.collate_fn)
+        return leased(self._run)
+
+    def _run(self, lease: Lease) -> Iterator[Any]:
+        mix = self._mixture
+        generation, passes = mix._begin(lease)
+        plan = self._source.plan = list(mix._plan(self._batch_size_samples))
+        self._source.streams = [p.stream for p in passes]
+        self._source.mixture = mix  # pickled into the workers started below
+        try:
+            inner = super().__iter__()
+        finally:
+            self._source.mixture, self._source.plan = None, []
+        try:
+            for expected, (made, wait_s) in enumerate(timed(inner)):
+                if made.number != expected:
+                    raise RuntimeError(f"batch {made.number} arrived where batch {expected} "
+                                       "was due; refusing to commit out-of-order progress")
+                mix._check_current(generation)
+                mix._commit_batch(plan[expected], made.cost, wait_s)
+                yield made.data
+            mix._ended = generation == mix._generation
+        finally:
+            shutdown = getattr(inner, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            mix._close_passes()
+
+    def __len__(self) -> int:
+        return -(-self._mixture.samples_remaining // self._batch_size_samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._mixture.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._mixture.load_state_dict(state)

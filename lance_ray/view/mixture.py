@@ -1,0 +1,349 @@
+"""``MixtureDataset``: one rank's weighted mixture of several tables, exact and resumable.
+
+Each source is an ordinary :class:`StreamingDataset` view of its table (same ``num_splits``,
+seed, rank and world size), so each source keeps every guarantee a single table has; the
+mixture decides only *which* source each step reads (:mod:`lance_ray.stream.mixing`) and
+keeps its own small state (:mod:`lance_ray.state.mixture`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+from ..checks import positive_int
+from ..plan.splits import check_epoch_seed
+from ..read.transform import Transform
+from ..state.merge import merge_state_dicts
+from ..state.mixture import (
+    PACK_KEY,
+    STOPS,
+    check_mixture_compatible,
+    make_mixture_state,
+    mixture_meta,
+    parse_mixture,
+    phase_step,
+    remaining_per_rank,
+)
+from ..stream.mixing import Schedule, end_step, integer_weights
+from ..topology import valid_world_sizes
+from .dataset import StreamingDataset
+from .iteration import Lease, leased
+from .mix_pack import TokenPacker, blocks, carries_for
+from .mix_reading import MixtureReading
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One table of a mixture: anything :class:`StreamingDataset` takes, its positive
+    ``weight`` (proportions only matter: ``7, 2, 1`` is ``0.7, 0.2, 0.1``), and optionally a
+    SQL ``filter`` and a pinned ``table_version``."""
+
+    table: Any
+    weight: float = 1.0
+    filter: str | None = None
+    table_version: int | None = None
+
+
+class MixtureDataset(MixtureReading, IterableDataset):
+    """A weighted mixture of tables as an elastic, exactly-resumable ``IterableDataset``.
+
+    Every item (a dict) and batch carries ``"source"``, the index of its source (an int64
+    tensor in batches). Guarantees:
+
+    * after ``k`` samples on a rank, the count from source ``i`` is within one sample of
+      ``k * w_i / sum(w)`` (counted from the epoch's start, or from the resume point after
+      a resume on another world size);
+    * the sequence depends only on the arguments (not on the reader or the cluster);
+    * ``stop="first_exhausted"``: no sample repeats in a mixture epoch, which ends for every
+      rank at the same step, when the first source runs out under its share;
+      ``stop="all_exhausted"``: a source that runs out starts its next pass (the plan of its
+      next epoch) and keeps its share; the epoch ends once every source was read whole;
+    * ``state_dict()`` at any batch resumes the same sequence; every rank's states merged
+      (:meth:`merge_state_dicts`) resume on any world size dividing ``num_splits``, each
+      remaining sample of each source delivered at most once (exactly once under
+      ``all_exhausted``, and under ``first_exhausted`` unless the world grew mid-cycle);
+    * ``load_state_dict`` refuses, naming the fix, a state of other sources, weights, order
+      or table versions.
+
+    Args:
+        sources: the :class:`Source` list, in a fixed order (it is part of the state).
+        num_splits, shuffle, shuffle_seed, epoch, rank, world_size, columns, transform,
+        reader, read_batch_size, prefetch_batches, storage_options, ray_remote_args, plan,
+        shuffle_clump_size: as for :class:`StreamingDataset`, applied to every source (a
+            ``transform`` must return one dict per row).
+        stop: ``"first_exhausted"`` (default) or ``"all_exhausted"``.
+        pack_sequences, eos_id, pad_id: pack the rank's documents (one token column), in
+            the mixture's order, into blocks of ``pack_sequences`` tokens that hold several
+            sources: ``{"input_ids", "doc_ids", "source_ids"}`` LongTensors.
+    """
+
+    merge_state_dicts = staticmethod(merge_state_dicts)
+    is_mixture = True  # StreamingDataLoader gives a mixture its own loader
+
+    def __init__(self, sources: Sequence[Source], *, num_splits: int | None = None,
+                 shuffle: bool = True, shuffle_seed: int = 0, epoch: int = 0, rank: int = 0,
+                 world_size: int = 1, stop: str = "first_exhausted",
+                 columns: list[str] | None = None, transform: Transform | None = None,
+                 **view_kwargs: Any) -> None:
+        super().__init__()
+        if stop not in STOPS:
+            raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
+        if not isinstance(sources, Sequence) or not sources or \
+                not all(isinstance(s, Source) for s in sources):
+            raise ValueError("sources must be a non-empty list of lance_ray.Source(table, "
+                             "weight=...)")
+        self._pack = self._pack_config(view_kwargs, columns, transform)
+        refused = {"on_transform_error", "fill_value", "worker_info_override"} & set(view_kwargs)
+        if refused:
+            raise ValueError(f"MixtureDataset does not take {sorted(refused)}: a mixture's "
+                             "transform must not drop rows (on_transform_error='raise')")
+        positive_int("world_size", world_size)
+        weights = integer_weights([s.weight for s in sources])
+        num_splits = world_size if num_splits is None else num_splits
+
+        def view(s: Source) -> StreamingDataset:
+            return StreamingDataset(
+                s.table, num_splits=num_splits, shuffle=shuffle, shuffle_seed=shuffle_seed,
+                epoch=epoch, rank=rank, world_size=world_size, columns=columns,
+                filter=s.filter, transform=transform, table_version=s.table_version,
+                **view_kwargs)
+
+        # The sources' plans build at once (each mostly waits on its table's scan).
+        with ThreadPoolExecutor(len(sources), thread_name_prefix="mixture-plan") as pool:
+            self._views = list(pool.map(view, sources))
+        empty = [i for i, v in enumerate(self._views) if len(v) == 0]
+        if empty:
+            raise ValueError(f"source(s) {empty} give rank {rank} no samples (no rows after "
+                             f"the filter, or fewer than num_splits={num_splits}); remove them "
+                             "or lower num_splits")
+        self._schedule = Schedule(weights)
+        self._stop, self._rank, self._world_size = stop, rank, world_size
+        self._meta = mixture_meta(
+            [{"table": v._table.uri.rstrip("/").rsplit("/", 1)[-1],
+              "table_version": v._table.version, "filter": s.filter,
+              "rows": v._plan.total_rows}
+             for s, v in zip(sources, self._views)],
+            weights, stop, num_splits, shuffle_seed)
+        self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
+        self._begin_epoch(epoch)
+
+    @staticmethod
+    def _pack_config(kwargs: dict[str, Any], columns: list[str] | None,
+                     transform: Transform | None) -> dict[str, Any] | None:
+        length = kwargs.pop("pack_sequences", None)
+        eos_id, pad_id = kwargs.pop("eos_id", None), kwargs.pop("pad_id", None)
+        refused = {"blocks_per_epoch", "pack_position_ids", "pack_cu_seqlens"} & set(kwargs)
+        if length is None:
+            return None
+        if refused:
+            raise NotImplementedError(f"{sorted(refused)} are not implemented for a packed "
+                                      "mixture (docs/mixing.md)")
+        positive_int("pack_sequences", length)
+        if not (isinstance(eos_id, int) and isinstance(pad_id, int)):
+            raise ValueError("pack_sequences needs integer eos_id and pad_id")
+        if transform is not None or not columns or len(columns) != 1:
+            raise ValueError("a packed mixture reads one token column: pass columns=[name] "
+                             "(a list of token ids in every source) and no transform")
+        return {"pack_sequences": length, "eos_id": eos_id, "pad_id": pad_id,
+                "column": columns[0]}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lease"] = None  # iterators stay in their process
+        return state
+
+    # ----------------------------------------------------------------------- progress
+    def _begin_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self._passes = [epoch] * len(self._views)
+        self._whole = [False] * len(self._views)
+        self._global_step = 0
+        self._ended = self._loaded = False
+        if self._pack is not None:  # an epoch's last block is padded: nothing carries over
+            self._packer = TokenPacker(self._pack["pack_sequences"], self._pack["eos_id"],
+                                       self._pack["pad_id"])
+        self._generation = getattr(self, "_generation", 0) + 1
+        self._start_phase([[len(v)] * self._world_size for v in self._views], step=0)
+
+    def _start_phase(self, remaining: list[list[int]], *, step: int,
+                     end: int | None = None) -> None:
+        """Steps run from ``step``; ``remaining[i][r]``: samples rank ``r`` has left of
+        source ``i``'s pass (known for every rank: an epoch's start or a complete state)."""
+        if end is None:
+            if self._stop == "first_exhausted":
+                fewest = [min(r) for r in remaining]
+                end = end_step(self._schedule, fewest, stop=self._stop, start=step)
+            else:
+                self._check_even(remaining)
+                end = end_step(self._schedule, [r[0] for r in remaining], stop=self._stop,
+                               start=step, whole=self._whole)
+        self._step, self._end = step, end
+        self._left = [r[self._rank] for r in remaining]  # this rank, in the current pass
+
+    def _check_even(self, remaining: list[list[int]]) -> None:
+        uneven = [i for i, r in enumerate(remaining) if len(set(r)) > 1]
+        if uneven:
+            num_splits = self._meta["num_splits"]
+            raise ValueError(
+                f"this state leaves the {self._world_size} ranks unequal samples of source(s) "
+                f"{uneven} ({[remaining[i] for i in uneven]}), so under stop='all_exhausted' "
+                "they would start those sources' next passes at different steps; resume on "
+                "the world size the state was saved on, or on one of "
+                f"{valid_world_sizes(num_splits)} at which its ranks' shares are equal, or "
+                "use stop='first_exhausted'")
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def epoch(self) -> int:
+        """The mixture epoch being read."""
+        return self._epoch
+
+    @property
+    def global_step(self) -> int:
+        """Batches this rank delivered in the current epoch (checkpoints count in them)."""
+        return self._global_step
+
+    @property
+    def num_splits(self) -> int:
+        return int(self._meta["num_splits"])
+
+    @property
+    def sources(self) -> list[StreamingDataset]:
+        """Each source's own view (its plan, stats and state)."""
+        return list(self._views)
+
+    @property
+    def samples_remaining(self) -> int:
+        """Samples this rank still yields in the current mixture epoch."""
+        return self._end - self._step
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the current phase (an epoch, unless it resumed on
+        another world size: then from the resume point)."""
+        return self._end
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's consumer-committed progress as plain, JSON-serialisable data."""
+        ws = self._world_size
+        return make_mixture_state(
+            self._meta, epoch=self._epoch, world_size=ws, rank=None if ws == 1 else self._rank,
+            step=self._step, end=self._end, global_step=self._global_step,
+            passes=self._passes, whole=self._whole,
+            sources=[v.state_dict() for v in self._views],
+            **({} if self._pack is None else {PACK_KEY: {
+                **self._pack, "world_size": ws, "carries": {
+                    str(self._rank): self._packer.carry()}}}))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state``; nothing changes unless the whole state is valid."""
+        mix = parse_mixture(state)
+        check_mixture_compatible(mix, self._meta)
+        if (PACK_KEY in state) != (self._pack is not None):
+            raise ValueError("this state is of a " + ("packed" if PACK_KEY in state else
+                             "unpacked") + " mixture; construct the MixtureDataset " +
+                             ("with" if PACK_KEY in state else "without") + " pack_sequences")
+        carries = None if self._pack is None else carries_for(
+            state[PACK_KEY], self._pack, self._rank, self._world_size)
+        subs = state["sources"]
+        before = [(v._spec.epoch, v.state_dict()) for v in self._views]
+        try:
+            for view, sub, p in zip(self._views, subs, mix["passes"]):
+                view.set_epoch(p)
+                view.load_state_dict(sub)
+            step = phase_step(state, self._rank, self._world_size)
+            saved = self._epoch, self._passes, self._whole, self._global_step
+            self._epoch, self._passes = mix["epoch"], list(mix["passes"])
+            self._whole, self._global_step = list(mix["read_whole"]), mix["global_step"]
+            try:
+                remaining = [remaining_per_rank(v.state_dict(), self._world_size)
+                             for v in self._views]
+                if step is not None:  # the same group: the phase goes on
+                    self._start_phase(remaining, step=step, end=mix["end"])
+                else:
+                    self._start_phase(remaining, step=0)
+            except Exception:
+                self._epoch, self._passes, self._whole, self._global_step = saved
+                raise
+        except Exception:
+            for view, (epoch, sub) in zip(self._views, before):
+                view.set_epoch(epoch)
+                view.load_state_dict(sub)
+            raise
+        self._ended = False
+        self._loaded = True  # a state loaded at its epoch's end yields nothing, as a view's
+        if carries is not None:
+            self._packer.restore(carries)
+        self._generation += 1
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read mixture epoch ``epoch`` from its start (every source at its plan of that
+        epoch); a no-op if already there and nothing was read."""
+        check_epoch_seed(self._meta["shuffle_seed"], epoch)
+        if epoch == self._epoch and self._step == 0 and self._passes == [epoch] * len(
+                self._views):
+            return
+        if self.samples_remaining and self._step:
+            logger.warning("leaving mixture epoch %d with %d samples of rank %d unread",
+                           self._epoch, self.samples_remaining, self._rank)
+        for v in self._views:
+            _restart(v, epoch)
+        self._begin_epoch(epoch)
+
+    # ----------------------------------------------------------------------- reading
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield samples one by one: dicts carrying ``"source"`` (packed: blocks)."""
+        if self._pack is not None:
+            return leased(lambda lease: self._packed(lease, None))
+        return leased(lambda lease: self._run(lease, None, None))
+
+    def iter_batches(self, batch_size: int, *,
+                     collate_fn: Callable[[list[Any]], Any] | None = None) -> Iterator[Any]:
+        """Yield batches of ``batch_size`` consecutive samples (the last may be short),
+        each committed when handed over; ``batch["source"]`` is an int64 tensor."""
+        positive_int("batch_size", batch_size)
+        if self._pack is not None:
+            return leased(lambda lease: self._packed(lease, batch_size))
+        return leased(lambda lease: self._run(lease, batch_size, collate_fn))
+
+    def _packed(self, lease: Lease, batch_size: int | None) -> Iterator[dict[str, Any]]:
+        """Blocks (``{"input_ids", "doc_ids", "source_ids"}``), one by one or stacked."""
+        import torch
+
+        assert self._pack is not None
+        out = blocks(self._packer, self._run(lease, None, None), self._pack["column"])
+        while True:
+            group = list(itertools.islice(out, batch_size or 1))
+            if not group:
+                return
+            if batch_size is None:
+                yield {k: torch.from_numpy(v) for k, v in group[0].items()}
+            else:
+                batch = {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
+                self._global_step += 1  # a packed batch is a step (its documents were not)
+                yield batch
+
+
+def _restart(view: StreamingDataset, epoch: int) -> None:
+    """``view`` at the start of epoch ``epoch``'s plan, even if it is already on it."""
+    if view._spec.epoch == epoch:
+        view._install_plan(view._spec, view._plan)
+    else:
+        view.set_epoch(epoch)

@@ -1,0 +1,145 @@
+"""Where ``iter_batches`` and ``StreamingDataLoader`` put batches: the ``device`` and
+``pin_memory`` arguments checked (errors name the fix), and the device feed they choose."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .device import (
+    DEFAULT_SLOTS,
+    Allocate,
+    Copier,
+    CudaCopier,
+    FeedStats,
+    Stager,
+    one_ahead,
+)
+from .device import pageable as pageable_buffer
+from .device import pinned as pinned_buffer
+from .iteration import Commits
+
+# torch's DataLoader says this when pin_memory=True finds no accelerator; so does lance_ray.
+NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then "
+                  "device pinned memory won't be used.")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Batches copied to CUDA ``device`` (staged in pinned host buffers when ``pin``), or,
+    without a device, delivered in pinned host memory."""
+
+    device: torch.device | None
+    pin: bool
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def _bool_or_none(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be True, False or None, got {value!r}")
+
+
+def _parse(device: Any, what: str) -> torch.device:
+    """``device`` as a ``torch.device`` of type CPU or CUDA; raises naming the fix."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{what} must be None, 'cpu', 'cuda', 'cuda:N' or a torch.device, "
+                         f"got {device!r} ({exc})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what}={device!r}: lance_ray places batches on 'cpu' or CUDA "
+                         "devices only; pass device=None and move the batches yourself with "
+                         f"tensor.to({str(dev)!r})")
+    return dev
+
+
+def _indexed(dev: torch.device, what: str) -> torch.device:
+    """``dev`` with its index (the current device's when it has none), checked to exist."""
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(f"{what}={str(dev)!r} but this process sees {count} CUDA device(s): "
+                         f"pass an index below {count} (CUDA_VISIBLE_DEVICES limits them)")
+    return torch.device("cuda", index)
+
+
+def placement(device: Any = None, pin_memory: bool | None = None, *,
+              cuda: bool | None = None) -> Placement | None:
+    """Where ``iter_batches(device=, pin_memory=)`` puts batches; None: in host memory, as
+    without the arguments. ``cuda`` overrides CUDA's availability (tests)."""
+    _bool_or_none("pin_memory", pin_memory)
+    cuda = _cuda_available() if cuda is None else cuda
+    dev = None if device is None else _parse(device, "device")
+    is_cpu = dev is not None and dev.type == "cpu"
+    if dev is None or is_cpu:
+        if not pin_memory:
+            return None
+        if is_cpu:
+            raise ValueError("pin_memory=True pins host memory for copies to a CUDA device, "
+                             "but device='cpu' keeps batches in host memory: pass "
+                             "device='cuda' (batches arrive on the GPU) or drop pin_memory")
+        if not cuda:
+            warnings.warn(NO_ACCELERATOR, stacklevel=3)
+            return None
+        return Placement(None, True)
+    if not cuda:
+        raise RuntimeError(f"device={device!r} but CUDA is not available (torch "
+                           f"{torch.__version__}, torch.cuda.is_available() is False): pass "
+                           "device=None or 'cpu' to keep batches in host memory, or run on a "
+                           "machine with a GPU and a CUDA build of torch")
+    return Placement(_indexed(dev, "device"), pin_memory is not False)
+
+
+def loader_placement(pin_memory: bool, pin_memory_device: str, *,
+                     cuda: bool | None = None) -> Placement | None:
+    """``StreamingDataLoader(pin_memory=, pin_memory_device=)`` as torch's DataLoader means
+    them: batches in pinned host memory, for copies to that (default: the current) CUDA
+    device; without CUDA a warning and ordinary memory."""
+    _bool_or_none("pin_memory", pin_memory)
+    if not isinstance(pin_memory_device, str):
+        raise TypeError(f"pin_memory_device must be a string ('' or 'cuda[:N]'), got "
+                        f"{pin_memory_device!r}")
+    if pin_memory_device and not pin_memory:
+        raise ValueError(f"pin_memory_device={pin_memory_device!r} has no effect without "
+                         "pin_memory=True: pass pin_memory=True, or drop pin_memory_device")
+    cuda = _cuda_available() if cuda is None else cuda
+    if pin_memory_device:
+        dev = _parse(pin_memory_device, "pin_memory_device")
+        if dev.type != "cuda":
+            raise ValueError(f"pin_memory_device={pin_memory_device!r}: pinned memory is for "
+                             "copies to a CUDA device; pass '' (the current one) or 'cuda:N'")
+        if cuda:
+            _indexed(dev, "pin_memory_device")
+    if not pin_memory:
+        return None
+    if not cuda:
+        warnings.warn(NO_ACCELERATOR, stacklevel=3)
+        return None
+    return Placement(None, True)
+
+
+def stager_for(where: Placement, stats: FeedStats, *, allocate: Allocate | None = None,
+               copier: Copier | None = None, slots: int = DEFAULT_SLOTS) -> Stager:
+    """The stager for ``where`` (counting into ``stats``); ``allocate`` and ``copier``
+    replace the CUDA ones (tests)."""
+    if allocate is None:
+        allocate = pinned_buffer if where.pin else pageable_buffer
+    if copier is None and where.device is not None:
+        copier = CudaCopier(where.device)
+    return Stager(allocate, copier, slots, stats)
+
+
+def placed(start: Callable[[], Iterator[Any]], where: Placement | None, view: Commits
+           ) -> Iterator[Any]:
+    """The batches of ``start()``, placed ``where`` (unchanged when None), a few batches ahead,
+    each batch's progress changes applied when it is handed over (``view.holding``)."""
+    if where is None:
+        return start()
+    return one_ahead(start(), view.holding, stager_for(where, view.device_stats))

@@ -1,0 +1,78 @@
+"""The mixture schedule (pure): exact proportions at every prefix, seekable, periodic."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lance_ray.stream.mixing import Schedule, end_step, integer_weights
+
+weights_st = st.lists(st.integers(1, 40), min_size=1, max_size=7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights_st, st.integers(0, 400))
+def test_every_prefix_holds_each_source_within_one_sample_of_its_share(weights, extra):
+    s = Schedule(weights)
+    w = s.weights
+    total = sum(w)
+    seq = s.sources(0, s.period + extra).tolist()
+    counts = [0] * len(w)
+    for k, i in enumerate(seq, 1):
+        counts[i] += 1
+        for j, c in enumerate(counts):
+            assert abs(c - Fraction(k * w[j], total)) < 1, (weights, k, counts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights_st, st.integers(0, 3000), st.integers(0, 300))
+def test_any_step_is_reachable_without_replaying_the_prefix(weights, start, n):
+    s = Schedule(weights)
+    whole = s.sources(0, start + n).tolist()
+    assert Schedule(weights).sources(start, start + n).tolist() == whole[start:]
+    assert s.counts(start) == [whole[:start].count(i) for i in range(len(weights))]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(0.01, 10.0, allow_nan=False), min_size=2, max_size=4),
+       st.integers(0, 500), st.integers(1, 200))
+def test_long_periods_step_through_the_same_rule(weights, start, n):
+    s = Schedule(weights)  # float weights: periods far above the tabulated size
+    whole = s.sources(0, start + n).tolist()
+    t = Schedule(weights)
+    assert t.sources(start, start + n).tolist() == whole[start:]
+    assert t.counts(start + n) == [whole.count(i) for i in range(len(weights))]
+    w, total = s.weights, sum(s.weights)
+    counts = [0] * len(w)
+    for k, i in enumerate(whole, 1):
+        counts[i] += 1
+        assert all(abs(c - Fraction(k * w[j], total)) < 1 for j, c in enumerate(counts))
+
+
+@settings(max_examples=100, deadline=None)
+@given(weights_st, st.data())
+def test_first_exhausted_ends_where_the_first_source_would_run_dry(weights, data):
+    s = Schedule(weights)
+    remaining = [data.draw(st.integers(0, 60)) for _ in weights]
+    end = end_step(s, remaining, stop="first_exhausted")
+    counts = s.counts(end)
+    assert all(c <= r for c, r in zip(counts, remaining))
+    nxt = int(s.sources(end, end + 1)[0])
+    assert counts[nxt] == remaining[nxt]  # the next step's source has nothing left
+    end_all = end_step(s, remaining, stop="all_exhausted")
+    counts = s.counts(end_all)
+    assert all(c >= r for c, r in zip(counts, remaining))
+    if end_all:
+        before = s.counts(end_all - 1)
+        assert any(c < r for c, r in zip(before, remaining))
+
+
+def test_weights_are_exact_and_bad_ones_are_named():
+    assert integer_weights([0.7, 0.2, 0.1]) == (7, 2, 1)
+    assert integer_weights([14, 4, 2]) == (7, 2, 1)
+    for bad in ([0, 1], [-1.0], [float("nan")], ["3"], [True], []):
+        with pytest.raises(ValueError):
+            integer_weights(bad)
