@@ -9,17 +9,10 @@ import threading
 import numpy as np
 import pytest
 from conftest import consecutive_requests
-from hypothesis import given
-from hypothesis import strategies as st
 
 from lance_ray.read.ahead import Started
-from lance_ray.read.ray_data import (
-    LOCAL_HEAD_BYTES,
-    LOCAL_HEAD_SECONDS,
-    TASK_SECONDS,
-    RayDataReader,
-)
-from lance_ray.read.requests import ReadSizing, grouped
+from lance_ray.read.ray_data import LOCAL_HEAD_BYTES, RayDataReader
+from lance_ray.read.requests import ReadSizing
 
 
 def _reader(transform=None, **kw) -> RayDataReader:
@@ -101,38 +94,3 @@ def test_read_tasks_pickle_without_cloudpickle(table_1k):
     shipped = [pickle.loads(pickle.dumps(t._read_fn)).args[3] for t in tasks]
     assert [c.spans for c in shipped] == [((0, 3),), ((3, 8),)]
     assert all(np.array_equal(a.row_ids, b.row_ids) for a, b in zip(shipped, source._chunks))
-
-
-def test_with_a_row_cost_the_head_is_about_its_seconds_of_the_consumers_time():
-    reqs = consecutive_requests([100] * 20)
-    per_row = LOCAL_HEAD_SECONDS / 350  # 3.5 reads fit
-    assert _reader().local_head(reqs, per_row) == 3
-    # The first read is always the head's (it was read to measure the cost).
-    assert _reader().local_head(reqs, LOCAL_HEAD_SECONDS) == 1
-
-
-@given(st.lists(st.integers(1, 50), min_size=1, max_size=30), st.integers(1, 120))
-def test_grouped_reads_hold_the_same_rows_in_the_same_order(sizes, most):
-    reqs = consecutive_requests(sizes)
-    out = grouped(reqs, most)
-    assert np.array_equal(np.concatenate([r.row_ids for r in out]),
-                          np.concatenate([r.row_ids for r in reqs]))
-    assert [s for r in out for s in r.spans] == [s for r in reqs for s in r.spans]
-    # Each read is within ``most`` rows, or one request that alone exceeds it; no two
-    # neighbours could have been one read.
-    assert all(len(r.row_ids) <= most or len(r.spans) == 1 for r in out)
-    assert all(len(a.row_ids) + b.spans[0][1] - b.spans[0][0] > most
-               for a, b in zip(out, out[1:]))
-
-
-def test_transformed_tasks_hold_about_task_seconds_of_work_within_a_reads_bytes():
-    reqs = consecutive_requests([100] * 40)
-    assert [len(r.row_ids) for r in _reader().tasks(reqs, TASK_SECONDS / 300, 8)] == \
-        [300] * 13 + [100]
-    # Cheap rows: at most a full read's bytes in (here 1 KB a row) and out per task.
-    sized = RayDataReader(None, None, None, sizing=ReadSizing(1 << 16, row_bytes=1024,
-                                                              target_bytes=256 << 10))
-    assert {len(r.row_ids) for r in sized.tasks(reqs, 1e-9, 8)} == {200}
-    assert {len(r.row_ids) for r in sized.tasks(reqs, 1e-9, 2048)} == {100}
-    # Items that travel as pickles have no known size: one task per read.
-    assert sized.tasks(reqs, 1e-9, None) == reqs

@@ -22,7 +22,7 @@ from lancedb import streaming as reference
 
 import lance_ray
 from lance_ray import valid_world_sizes
-from lance_ray.read import ray_data
+from lance_ray.read import ray_data, scale
 
 # (rows, fragments) of the tables the properties draw from; table_factory caches them.
 TABLES = ((37, 1), (250, 2), (1000, 3))
@@ -123,7 +123,9 @@ def test_ray_reader_running_read_tasks_side_by_side_keeps_the_reference_sequence
     """Forty small transformed reads: the pipeline runs them side by side (``run_ahead``
     replaces Ray Data's reservation, which ran them one at a time), and their blocks must
     still arrive in request order (this fails with ``preserve_order`` off)."""
-    monkeypatch.setattr(ray_data, "TASK_SECONDS", 0.0)  # one task per read, not joined
+    # Tasks of ~25 rows (the pass spread over many waves, no minimum work per task).
+    monkeypatch.setattr(scale, "MIN_TASK_SECONDS", 0.0)
+    monkeypatch.setattr(scale, "WAVES", 20)
     table = table_factory(1000, 3)
     kw = {"num_splits": 6, "shuffle_seed": 5, "epoch": 1}
     expected = row_ids(reference.StreamingDataset(table, transform=ids_of, **kw))
@@ -135,14 +137,14 @@ def test_ray_reader_running_read_tasks_side_by_side_keeps_the_reference_sequence
 def test_ray_reader_joins_cheap_transformed_reads_into_fewer_tasks_in_the_same_order(
         ray_transforms, table_factory, monkeypatch):
     tasks: list[tuple[int, int]] = []
-    plan_tasks = ray_data.RayDataReader.tasks
+    plan_tasks = ray_data.rechunked
 
-    def counted(self, reqs, *cost):
-        out = plan_tasks(self, reqs, *cost)
+    def counted(reqs, rows):
+        out = plan_tasks(reqs, rows)
         tasks.append((len(reqs), len(out)))
         return out
 
-    monkeypatch.setattr(ray_data.RayDataReader, "tasks", counted)
+    monkeypatch.setattr(ray_data, "rechunked", counted)
     table = table_factory(1000, 3)
     kw = {"num_splits": 6, "shuffle_seed": 8}
     expected = row_ids(reference.StreamingDataset(table, transform=ids_of, **kw))

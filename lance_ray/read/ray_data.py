@@ -8,15 +8,16 @@ as ``local.LocalReader``'s.
 
 Reads grow to the view's read size (``requests.ReadSizing``: a byte target, bounded in rows),
 so each read task yields one block under the target, with its size in the block metadata.
-A transformed pass starts with one read in this process, which measures the transform's
-cost per row: the consumer then makes about a second's worth of reads itself while the
-pipeline starts (``local_head``), and the rest are joined into tasks of about a quarter
-second of work each (``tasks``). How far the pipeline runs ahead of the consumer is bounded
-by ``run_ahead`` (in place of Ray Data's resource reservation), and blocks received are held
-within the sizing's in-flight budget. (Capping the pipeline's object store memory through
-Ray Data's resource limits was tried and made the first batch much slower.) For the
-tensor batch path each read is converted to ``convert.Columns`` once, off the consumer's
-thread.
+A transformed pass starts with a small read in this process, which measures the
+transform's cost and output per row: the consumer then transforms about a second's worth of
+rows itself while the pipeline starts, and the rest are cut into tasks sized from the
+cluster (``scale``: spread over the task slots, a bounded amount of work each, a few tasks'
+output per slot in flight within the object store). How far the pipeline runs ahead of the
+consumer is bounded by ``run_ahead`` (in place of Ray Data's resource reservation), and
+blocks received are held within the same budget. (Capping the pipeline's object store
+memory through Ray Data's resource limits was tried and made the first batch much slower.)
+For the tensor batch path each read is converted to ``convert.Columns`` once, off the
+consumer's thread.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ from .requests import (
     ChunkResult,
     ReadCost,
     ReadSizing,
-    grouped,
     span_results,
 )
 from .run_ahead import RunAhead, bound_pipeline, run_ahead_for
+from .scale import Capacity, TaskShape, capacity, rechunked, split_rows, task_shape
 from .take import one_batch, take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
 
@@ -62,10 +63,10 @@ INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
 # pipeline can take seconds to its first block).
 LOCAL_HEAD_BYTES = 32 << 20
 LOCAL_HEAD_SECONDS = 1.0
-# Work per transformed read task. A Ray Data task costs tens of ms of CPU whatever its size
-# (the trainer's scheduling, the raylet, the worker's own handling): for small tasks of a
-# fast transform that is as much as the transform itself.
-TASK_SECONDS = 0.25
+# Rows of the first read of a transformed pass, made in this process to time the transform:
+# few, since the consumer waits for them (a whole read of a slow transform was seconds of
+# the consumer's time before any task ran).
+TIMING_ROWS = 64
 
 
 def _datasource_cls() -> type:
@@ -168,6 +169,7 @@ class RayDataReader:
         self.prefetch_batches = prefetch_batches
         self.ray_remote_args = dict(ray_remote_args or {})
         self.transform_tasks = transform_tasks
+        self._shape: TaskShape | None = None  # a transformed pass's tasks (``_split``)
 
     def dataset(self, requests: list[ChunkRequest]) -> Any:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
@@ -194,16 +196,17 @@ class RayDataReader:
         return ds
 
     def _run_ahead(self, requests: list[ChunkRequest]) -> RunAhead | None:
-        """The pipeline's bound (``run_ahead``), None when the rows' width is unknown (a
-        remote table): Ray Data's own reservation then bounds it."""
+        """The pipeline's bound (``run_ahead``): a transformed pass's from its task shape
+        (``scale``); else the reads' budget, at least a read per task slot; None when the
+        rows' width is unknown (a remote table): Ray Data's own reservation then bounds it."""
+        if self._shape is not None:
+            return RunAhead(self._shape.budget, self._shape.task_bytes)
         sizing = self.sizing
         if sizing is None or sizing.row_bytes is None or not requests:
             return None
-        import ray
-
         task_bytes = max(sizing.nbytes(len(r.row_ids)) for r in requests)
         return run_ahead_for(sizing.budget_bytes, task_bytes,
-                             ray.cluster_resources().get("CPU", 1.0))
+                             capacity(self.ray_remote_args).slots)
 
     def _chunk(self, block: pa.Table) -> list[ChunkResult]:
         seq = block.column(SEQ_COLUMN).to_numpy()
@@ -227,42 +230,22 @@ class RayDataReader:
         _close_at_exit(chunks)
         return chunks
 
-    def local_head(self, reqs: list[ChunkRequest], seconds_per_row: float | None = None
-                   ) -> int:
+    def local_head(self, reqs: list[ChunkRequest]) -> int:
         """How many of the first requests are read in this process while the pipeline
-        starts: Ray Data's first block can take seconds, a local read a fraction of one. At most
-        ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
-        reader asked for), and, given what a row cost the consumer (a transformed read's),
-        about ``LOCAL_HEAD_SECONDS`` of its time; none when ``ray_remote_args`` say where the
-        work must run, or when the rows' width is unknown (a remote table), which leaves the
-        bytes unbounded."""
+        starts: Ray Data's first block can take seconds, a local read a fraction of one. At
+        most ``LOCAL_HEAD_BYTES`` and half the requests (the rest always goes through Ray, the
+        reader asked for); none when ``ray_remote_args`` say where the work must run, or
+        when the rows' width is unknown (a remote table), which leaves the bytes unbounded.
+        (A transformed pass's head is sized in rows by the transform's cost, ``_split``.)"""
         sizing = self.sizing
         if self.ray_remote_args or sizing is None or sizing.row_bytes is None:
             return 0
-        total, rows, most = 0, 0, len(reqs) // 2
+        total, most = 0, len(reqs) // 2
         for k, request in enumerate(reqs[:most]):
             total += sizing.nbytes(len(request.row_ids))
-            rows += len(request.row_ids)
-            if total > LOCAL_HEAD_BYTES or (
-                    k and seconds_per_row is not None
-                    and rows * seconds_per_row > LOCAL_HEAD_SECONDS):
+            if total > LOCAL_HEAD_BYTES:
                 return k
         return most
-
-    def tasks(self, reqs: list[ChunkRequest], seconds_per_row: float,
-              out_bytes_per_row: int | None) -> list[ChunkRequest]:
-        """The read tasks for transformed ``reqs``: consecutive requests joined into about
-        ``TASK_SECONDS`` of work each (at a row's measured cost), each at most a full
-        read's bytes in and out, so the fixed cost of a Ray task is paid per quarter second
-        of work, not per read (a transformed read is at most ``TRANSFORM_READ_ROWS``, for
-        the local reader's threads and the first batch). Reads whose output size is unknown
-        (items that travel as pickles) stay one task each."""
-        sizing = self.sizing
-        if out_bytes_per_row is None or sizing is None or sizing.row_bytes is None:
-            return reqs
-        most = min(int(TASK_SECONDS / max(seconds_per_row, 1e-9)),
-                   sizing.target_bytes // max(sizing.row_bytes, out_bytes_per_row, 1))
-        return grouped(reqs, max(1, most))
 
     def _with_local_head(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         _connect_on_this_thread()
@@ -274,33 +257,57 @@ class RayDataReader:
         rest = Started(self._iter_chunks(tasks))  # the pipeline starts now
         try:
             yield from first
-            done = 1 if first else 0
-            if head > done:
-                yield from local.iter_chunks(iter(reqs[done:head]))
+            if head:
+                yield from local.iter_chunks(iter(head))
             yield from rest
         finally:
             rest.close()
 
     def _split(self, local: LocalReader, reqs: list[ChunkRequest]
-               ) -> tuple[list[ChunkResult], int, list[ChunkRequest]]:
+               ) -> tuple[list[ChunkResult], list[ChunkRequest], list[ChunkRequest]]:
         """How a pass is read: the results of a first read made to time the transform (none
-        without one), how many requests the local head reads, and the pipeline's tasks."""
-        head = self.local_head(reqs)
-        if not head or self.transform is None:
-            return [], head, reqs[head:]
-        # A transform's cost is known once it ran: the first read, now, says how many rows
-        # this process can transform while the pipeline starts (sized by bytes alone, the
-        # head of a cheap-to-read table was half a pass transformed on the consumer's one
-        # thread), and how many rows make one task's worth of work.
-        first = list(local.iter_chunks(iter(reqs[:1])))
-        cost = sum((r.cost for r in first), NO_COST)
-        rows = len(reqs[0].row_ids)
-        head = max(1, self.local_head(reqs, (cost.fetch_s + cost.transform_s) / rows))
-        # The transform's cost alone: a small first take's fixed cost, spread over its rows,
-        # doubled the estimate, and a task's one take is paid once per task.
-        out = [r.payload.nbytes for r in first if isinstance(r.payload, ItemColumns)]
-        out_per_row = sum(out) // rows if len(out) == len(first) else None
-        return first, head, self.tasks(reqs[head:], cost.transform_s / rows, out_per_row)
+        without one), the requests the local head reads, and the pipeline's tasks."""
+        sizing = self.sizing
+        if self.transform is None or self.documents is not None or sizing is None \
+                or sizing.row_bytes is None:
+            k = self.local_head(reqs)
+            return [], reqs[:k], reqs[k:]
+        first: list[ChunkResult] = []
+        head: list[ChunkRequest] = []
+        seconds_per_row: float | None = None
+        out_per_row: int | None = None
+        if self.local_head(reqs):
+            # A transform's cost is known once it ran: a small first read, now, says how
+            # many rows this process can transform while the pipeline starts, and how many
+            # rows make one task's worth of work.
+            timing, reqs = split_rows(reqs, TIMING_ROWS)
+            first = list(local.iter_chunks(iter(timing)))
+            cost = sum((r.cost for r in first), NO_COST)
+            rows = sum(len(r.row_ids) for r in timing)
+            # The transform's cost alone: a take's fixed cost is paid once per task.
+            seconds_per_row = cost.transform_s / rows
+            out = [r.payload.nbytes for r in first if isinstance(r.payload, ItemColumns)]
+            out_per_row = sum(out) // rows if len(out) == len(first) else None
+            per_row = (cost.fetch_s + cost.transform_s) / rows
+            most = min(int(LOCAL_HEAD_SECONDS / max(per_row, 1e-9)),
+                       LOCAL_HEAD_BYTES // max(sizing.row_bytes, out_per_row or 0, 1),
+                       sum(len(r.row_ids) for r in reqs) // 2)
+            head, reqs = split_rows(reqs, most)
+        cap = capacity(self.ray_remote_args)
+        if self.transform_tasks:
+            cap = Capacity(min(cap.slots, self.transform_tasks), cap.store_bytes)
+        shape = task_shape(sum(len(r.row_ids) for r in reqs), cap,
+                           seconds_per_row=seconds_per_row, in_row_bytes=sizing.row_bytes,
+                           out_row_bytes=out_per_row, read_bytes=sizing.target_bytes,
+                           most_rows=max((len(r.row_ids) for r in reqs), default=1),
+                           budget_cap=sizing.budget_bytes if sizing.budget_given else None)
+        if shape.short is not None:
+            logger.warning("lance_ray: %s", shape.short)
+        logger.info("lance_ray Ray reader: %d task slots, tasks of %d rows (%.3f s/row "
+                    "measured), %d MiB of output in flight at most", cap.slots, shape.rows,
+                    seconds_per_row or 0.0, shape.budget >> 20)
+        self._shape = shape
+        return first, head, rechunked(reqs, shape.rows)
 
     def _iter_chunks(self, reqs: list[ChunkRequest]) -> Iterator[ChunkResult]:
         if not reqs:
@@ -309,6 +316,8 @@ class RayDataReader:
         blocks = iter(self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
                                                       prefetch_batches=self.prefetch_batches))
         budget = None if self.sizing is None else self.sizing.budget_bytes
+        if self._shape is not None:
+            budget = self._shape.budget
         # ``ahead`` pulls the blocks on its own thread, so each is handed over once
         # converted, not when more blocks have arrived.
         chunks = ahead(self._chunk, (b for b in blocks if b.num_rows), self.prefetch_batches,

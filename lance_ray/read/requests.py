@@ -78,34 +78,6 @@ def span_results(spans: Sequence[tuple[int, int]], payload: Any, cost: ReadCost 
 
 
 
-def joined(requests: Sequence[ChunkRequest]) -> ChunkRequest:
-    """One request for the rows of consecutive ``requests``, in their order."""
-    if len(requests) == 1:
-        return requests[0]
-    splits = None if requests[0].splits is None else \
-        np.concatenate([r.splits for r in requests])
-    return ChunkRequest(tuple(s for r in requests for s in r.spans),
-                        np.concatenate([r.row_ids for r in requests]), splits)
-
-
-def grouped(requests: Sequence[ChunkRequest], most_rows: int) -> list[ChunkRequest]:
-    """Consecutive ``requests`` joined into reads of at most ``most_rows`` rows (a request
-    larger than that stays one read): the same rows in the same order, in fewer reads."""
-    out: list[ChunkRequest] = []
-    group: list[ChunkRequest] = []
-    rows = 0
-    for request in requests:
-        n = len(request.row_ids)
-        if group and rows + n > most_rows:
-            out.append(joined(group))
-            group, rows = [], 0
-        group.append(request)
-        rows += n
-    if group:
-        out.append(joined(group))
-    return out
-
-
 @dataclass(frozen=True)
 class ReadSizing:
     """How many rows each read takes: a byte target from the rows' width, bounded in rows.
@@ -121,6 +93,7 @@ class ReadSizing:
     row_bytes: int | None = None
     target_bytes: int = READ_TARGET_BYTES
     budget_bytes: int = PREFETCH_BUDGET_BYTES
+    budget_given: bool = False  # the user set budget_bytes (a cap on the Ray reader's memory)
 
     def _rows(self, nbytes: int, cap: int) -> int:
         if self.row_bytes is None:

@@ -69,7 +69,8 @@ def read_sizing(table: TableRef, columns: list[str] | None, read_batch_size: int
     if read_bytes is None:
         read_bytes = RAY_READ_TARGET_BYTES if reader == "ray" else READ_TARGET_BYTES
     return ReadSizing(read_batch_size, row_bytes(table, columns), read_bytes,
-                      PREFETCH_BUDGET_BYTES if prefetch_bytes is None else prefetch_bytes)
+                      PREFETCH_BUDGET_BYTES if prefetch_bytes is None else prefetch_bytes,
+                      prefetch_bytes is not None)
 
 
 def make_reader(kind: str, table: TableRef, columns: list[str] | None,

@@ -1,0 +1,173 @@
+"""How a Ray reader's transformed pipeline sizes itself from the cluster.
+
+Three things follow from the cluster rather than from fixed counts: how many read tasks may
+run at once (the task *slots*: the CPUs, or the resources ``ray_remote_args`` ask for, that
+the reads may use), how many rows each task takes (the pass spread over the slots in a few
+waves, each task between a minimum that pays for Ray's fixed cost per task and a maximum,
+at the transform's measured cost per row), and how many bytes of output may be in flight
+(a few tasks' output per slot: one running, the rest waiting, within the object store's
+share). The user's
+``prefetch_bytes`` only caps that memory. Pure functions, Ray at the edge (``capacity``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .requests import ChunkRequest
+
+logger = logging.getLogger(__name__)
+
+# Tasks per slot over a pass: a few waves, so that the last tasks end close together.
+WAVES = 3
+# A task's work, at the measured cost per row: at least MIN (a Ray task's fixed cost, tens of
+# milliseconds of CPU, is then small next to it), at most MAX (checkpoint-sized steps, and
+# memory for transforms whose output is large).
+MIN_TASK_SECONDS = 0.25
+MAX_TASK_SECONDS = 2.0
+# Task outputs per slot the run-ahead holds: one running and the rest done, waiting for the
+# consumer. Two left slots idle behind the driver's own latency in moving blocks (a block
+# reached the consumer up to a second after its task ended on a loaded machine).
+OUTPUTS_PER_SLOT = 4
+# The share of the object store one pipeline's outputs may fill (Ray Data's own executor
+# limit is half of it; the rest is other work's).
+STORE_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the reads may use: task ``slots`` (tasks that can run at once) and the
+    ``store_bytes`` of object store the pipeline's outputs may fill."""
+
+    slots: int
+    store_bytes: int
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """A transformed pass's tasks: ``rows`` each, and the run-ahead ``budget`` in bytes
+    (``task_bytes`` of output each); ``short`` is the line to log when memory cannot hold
+    one task's output per slot."""
+
+    rows: int
+    task_bytes: int
+    budget: int
+    short: str | None = None
+
+
+def task_demand(remote_args: Mapping[str, Any] | None) -> dict[str, float]:
+    """What one read task asks of a node: a CPU (or ``num_cpus``) and any ``resources``."""
+    args = dict(remote_args or {})
+    need = {"CPU": float(args.get("num_cpus", 1.0))}
+    if args.get("num_gpus"):
+        need["GPU"] = float(args["num_gpus"])
+    need.update({k: float(v) for k, v in (args.get("resources") or {}).items()})
+    return {k: v for k, v in need.items() if v > 0}
+
+
+def slots_on(nodes: Sequence[Mapping[str, float]], need: Mapping[str, float]) -> int:
+    """How many tasks asking ``need`` fit at once on ``nodes`` (each a node's total
+    resources): per node, the fewest of its resources divided by the demand."""
+    total = 0
+    for node in nodes:
+        fits = [math.floor(node.get(k, 0.0) / v + 1e-9) for k, v in need.items()]
+        total += min(fits) if fits else int(node.get("CPU", 0))
+    return total
+
+
+def capacity(remote_args: Mapping[str, Any] | None) -> Capacity:
+    """The connected cluster's :class:`Capacity` for tasks with ``remote_args``."""
+    import ray
+
+    need = task_demand(remote_args)
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    usable = [n for n in nodes if slots_on([n], need)]
+    store = sum(int(n.get("object_store_memory", 0)) for n in usable)
+    return Capacity(max(1, slots_on(usable, need)), int(store * STORE_SHARE))
+
+
+def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
+               in_row_bytes: int, out_row_bytes: int | None, read_bytes: int,
+               most_rows: int, budget_cap: int | None) -> TaskShape:
+    """Rows per task and the run-ahead budget for ``total_rows`` transformed rows.
+
+    The pass is spread over ``cap.slots`` in ``WAVES``; with a measured ``seconds_per_row``
+    a task holds ``MIN_TASK_SECONDS`` to ``MAX_TASK_SECONDS`` of work. A task reads and
+    writes at most ``read_bytes`` (its one take), at most ``most_rows`` rows when its output
+    size is unknown (``out_row_bytes`` None: items that travel as pickles), and two tasks'
+    output per slot fit in the memory (the object store's share, ``budget_cap`` if the user
+    set one).
+    """
+    rows = max(1, math.ceil(total_rows / (cap.slots * WAVES)))
+    if seconds_per_row:
+        rows = min(max(rows, int(MIN_TASK_SECONDS / seconds_per_row)),
+                   max(1, int(MAX_TASK_SECONDS / seconds_per_row)))
+    memory = cap.store_bytes if budget_cap is None else min(cap.store_bytes, budget_cap)
+    out = out_row_bytes if out_row_bytes is not None else in_row_bytes
+    rows = min(rows, read_bytes // max(in_row_bytes, out, 1))
+    if out_row_bytes is None:
+        rows = min(rows, most_rows)
+    fitting = memory // max(2 * cap.slots * out, 1)
+    short = None
+    if fitting < rows:
+        wanted = rows
+        rows = fitting
+        if memory < cap.slots * wanted * out:
+            short = (f"the memory for this pipeline's output ({memory >> 20} MiB: "
+                     f"{'prefetch_bytes' if memory == budget_cap else 'the object store share'}"
+                     f") cannot hold one task's output per CPU ({cap.slots} x "
+                     f"{wanted * out >> 20} MiB); running tasks of {max(rows, 1)} rows, "
+                     f"{max(1, memory // max(max(rows, 1) * out, 1))} at most in flight")
+    rows = max(1, rows)
+    task_bytes = rows * out
+    if out_row_bytes is None:
+        # Outputs of unknown size: the run-ahead bound counts what Ray Data measures of
+        # them, within the memory.
+        return TaskShape(rows, task_bytes, memory, short)
+    return TaskShape(rows, task_bytes,
+                     max(task_bytes, min(memory, OUTPUTS_PER_SLOT * cap.slots * task_bytes)),
+                     short)
+
+
+def rechunked(requests: Sequence[ChunkRequest], rows: int) -> list[ChunkRequest]:
+    """The rows of ``requests`` (one-span or many, no per-row splits) cut into reads of
+    ``rows`` rows each (the last shorter), in the same order; each read's spans are the
+    runs of consecutive stream positions it holds."""
+    if not requests:
+        return []
+    ids = np.concatenate([r.row_ids for r in requests])
+    seq = np.concatenate([np.arange(lo, hi, dtype=np.int64)
+                          for r in requests for lo, hi in r.spans])
+    out = []
+    for lo in range(0, len(ids), max(1, rows)):
+        part = seq[lo : lo + rows]
+        cuts = (np.flatnonzero(np.diff(part) != 1) + 1).tolist()
+        spans = tuple((int(part[a]), int(part[b - 1]) + 1)
+                      for a, b in zip([0, *cuts], [*cuts, len(part)]))
+        out.append(ChunkRequest(spans, ids[lo : lo + rows]))
+    return out
+
+
+def split_rows(requests: Sequence[ChunkRequest], rows: int
+               ) -> tuple[list[ChunkRequest], list[ChunkRequest]]:
+    """The first ``rows`` rows of ``requests`` and the rest, as reads of at most the
+    original reads' rows (a read is cut where the boundary falls)."""
+    head: list[ChunkRequest] = []
+    for k, request in enumerate(requests):
+        n = len(request.row_ids)
+        if rows <= 0:
+            return head, list(requests[k:])
+        if n <= rows:
+            head.append(request)
+            rows -= n
+            continue
+        first, *others = rechunked([request], rows)
+        return [*head, first], [*rechunked(others, n), *requests[k + 1:]]
+    return head, []
+
