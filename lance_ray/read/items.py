@@ -218,8 +218,8 @@ def _gather(node: Node, values: list[Any], out: list[list[Any]]) -> None:
     """Append to ``out``, depth first, each leaf's values over ``values`` (the items, or
     their parts at ``node``), checking that every one has the first item's layout ``node``.
 
-    Checked one level at a time over all items rather than item by item: a read of small
-    items (a tokenizer's) spent 40% as long flattening them one by one as the transform
+    Checked one level at a time over all items rather than item by item: for small items
+    (a tokenizer's), flattening them one by one cost a large share of what the transform
     itself took to make them.
     """
     tag = node[0]
