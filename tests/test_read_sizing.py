@@ -135,10 +135,16 @@ def _object_store_peak_mib(ds: Any, pause_s: float) -> int:
     import threading
     import time
 
+    import ray
     from ray._private.internal_api import memory_summary
 
+    # This session's cluster by its address: with no address Ray looks for one on the machine
+    # and finds several when other clusters run beside the tests.
+    address = ray.get_runtime_context().gcs_address
+
     def used() -> int:
-        found = re.search(r"Plasma memory usage (\d+) MiB", memory_summary(stats_only=True))
+        summary = memory_summary(address, stats_only=True)
+        found = re.search(r"Plasma memory usage (\d+) MiB", summary)
         return int(found.group(1)) if found else 0
 
     base, peak, done = used(), [0], threading.Event()
