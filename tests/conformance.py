@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +52,8 @@ def batch_ids(batch: Any) -> list[int]:
 
 
 def boundaries(units: int, wanted: int) -> list[int]:
-    """Up to ``wanted`` distinct boundaries spread over 0..units, always with 0, 1 (when the
-    epoch has a unit) and ``units``."""
+    """Up to ``wanted`` distinct boundaries spread over 0..units, always with 0 and
+    ``units``, then 1 (when ``wanted`` > 2)."""
     step = max(1, units // max(1, wanted - 1))
     inner = sorted({0, 1, *range(0, units, step)} - {units})
     return sorted({*inner[: max(1, wanted - 1)], units})
@@ -105,28 +105,41 @@ def _ids(path: Path, units: Iterator[Any]) -> list[list[Any]]:
     return [path.ids(u) for u in units]
 
 
-def check_resumes_exactly(make_view: Callable[[], Any], path: Path) -> list[list[Any]]:
+@dataclass(frozen=True)
+class Run:
+    """What a check saw: the uninterrupted epoch's units' ids, and the state taken at each
+    boundary (as loaded: through JSON), for a test's own assertions on them."""
+
+    whole: list[list[Any]]
+    states: dict[int, dict[str, Any]]
+
+
+def check_resumes_exactly(make_view: Callable[[], Any], path: Path,
+                          also: Iterable[int] = ()) -> Run:
     """Every check of the module docstring for ``path`` over the views ``make_view`` makes
-    (each a fresh view of one configuration). Returns the uninterrupted epoch's units' ids."""
+    (each a fresh view of one configuration), at ``path.boundaries`` boundaries and at the
+    ``also`` ones (a property's drawn stop; clipped to the epoch)."""
     first = make_view()
     assert isinstance(first, ResumableIterable), f"{path.name}: not a ResumableIterable"
     epoch = first.epoch
     whole = _ids(path, path.iterate(first))
     assert whole, f"{path.name}: the view yields nothing: the check would prove nothing"
 
-    stops = boundaries(len(whole), path.boundaries)
+    stops = sorted({*boundaries(len(whole), path.boundaries),
+                    *(min(max(0, k), len(whole)) for k in also)})
     # The next-epoch checks cost a second epoch: mid-epoch and at the end only. They run
     # after every resume (a coordinator's epoch is the whole run's: starting the next one
     # first would start the fresh views of the later boundaries in it).
     epoch_checks = {stops[len(stops) // 2], len(whole)}
     finished: dict[int, Any] = {}
     shapes: dict[int, Any] = {}
+    states: dict[int, dict[str, Any]] = {}
     entries: dict[str, set[str]] = {}
     for k in stops:
         view = make_view()
         it = path.iterate(view)
         before = _ids(path, itertools.islice(it, k))
-        state = plain(view.state_dict())
+        state = states[k] = plain(view.state_dict())
         shapes[k] = shape(state, entries=entries)
         close = getattr(it, "close", None)
         if close is not None:
@@ -151,4 +164,4 @@ def check_resumes_exactly(make_view: Callable[[], Any], path: Path) -> list[list
             assert _ids(path, path.iterate(resumed)) == following, (
                 f"{path.name}: the epoch after a resume from {k} of {len(whole)} units "
                 f"differs from the uninterrupted next epoch")
-    return whole
+    return Run(whole, states)
