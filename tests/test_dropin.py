@@ -17,7 +17,7 @@ from unittest import mock
 import pyarrow as pa
 import pytest
 import torch
-from conformance import Path, check_resumes_exactly
+from conformance import Path, batch_ids, check_resumes_exactly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lancedb import streaming as reference
@@ -309,17 +309,17 @@ def test_dropped_rows_in_batches_and_loader_workers_give_the_reference_sequence(
     batches = list(ours(table, read_batch_size=16, **kw).iter_batches(8))
     assert [i for b in batches for i in b["id"].tolist()] == expected
     assert all(len(b["id"]) == 8 for b in batches[:-1])
-    ds = ours(table, read_batch_size=16, **kw)
-    loader = lance_ray.StreamingDataLoader(ds, batch_size=8, num_workers=2)
-    it = iter(loader)
-    head = [i for _ in range(3) for i in next(it)["id"].tolist()]
-    state = loader.state_dict()
-    it.close()
-    again = ours(table, read_batch_size=16, **kw)
-    again.load_state_dict(state)
-    rest = [i for b in lance_ray.StreamingDataLoader(again, batch_size=8, num_workers=2)
-            for i in b["id"].tolist()]
-    assert head + rest == expected and ds.rows_skipped > 0
+    views: list[lance_ray.StreamingDataset] = []
+
+    def make() -> lance_ray.StreamingDataset:
+        views.append(ours(table, read_batch_size=16, **kw))
+        return views[-1]
+
+    path = Path("dropped rows, loader 2 workers",
+                lambda v: iter(lance_ray.StreamingDataLoader(v, batch_size=8, num_workers=2)),
+                batch_ids, boundaries=2)
+    run = check_resumes_exactly(make, path, also=[3])
+    assert [i for b in run.whole for i in b] == expected and views[0].rows_skipped > 0
 
 
 def test_a_split_with_no_surviving_row_ends_the_epoch_at_once(table):
