@@ -2,7 +2,9 @@
 (save at any boundary, resume exactly, next epoch, end-of-epoch roll-over, one state shape)
 over every path: direct iteration, ``iter_batches``, the loader with 0 and 2 workers, the
 local and Ray readers, coordinator views, the transform error policies, ``plan="index"``,
-remote tables, and the packed mode on each reader, the loader and the coordinator.
+and the packed mode on each reader, the loader and the coordinator. Remote tables run it in
+``test_remote.py`` (beside their server); ``test_dropin``, ``test_transform`` and
+``test_packing`` run it on their own configurations.
 
 Every stateful object also satisfies ``lance_ray.state.contract``'s Protocols."""
 
