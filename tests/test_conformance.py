@@ -152,3 +152,47 @@ def test_every_stateful_object_keeps_the_contract(table_1k, token_table, ray_ses
         assert isinstance(coord, Stateful) and not isinstance(coord, ResumableIterable)
     finally:
         coord.kill()
+
+
+class ListView:
+    """A correct stateful view over 10 samples per epoch (epoch e yields e*10 .. e*10+9),
+    and, by ``bug``, one broken way: the helper must catch each."""
+
+    def __init__(self, bug: str = "") -> None:
+        self.bug, self.epoch, self.done = bug, 0, 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.done < 10:
+            self.done += 1
+            yield self.epoch * 10 + self.done - 1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.done = epoch, 0
+        if self.bug == "epoch" and getattr(self, "resumed", False):
+            self.done = 1  # the next epoch after a resume loses a sample
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"epoch": self.epoch, "done": self.done}
+        if self.bug == "shape" and self.done:
+            state["extra"] = 1
+        if self.bug == "json":
+            state["pair"] = (1, 2)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.done, self.resumed = state["epoch"], state["done"], True
+        if self.bug == "resume" and 0 < self.done < 10:
+            self.done += 1
+        if self.bug == "end" and self.done == 10:
+            self.epoch, self.done = self.epoch + 1, 0  # an end state starts the next epoch
+
+
+@pytest.mark.parametrize("bug, message", [("resume", "resuming after"),
+                                          ("end", "resuming after 10 units"),
+                                          ("epoch", "the epoch after a resume"),
+                                          ("shape", "shape changes"), ("json", "plain JSON")])
+def test_the_helper_catches_each_broken_contract(bug, message):
+    path = Path("list", iter, lambda i: [i])
+    check_resumes_exactly(ListView, path)
+    with pytest.raises(AssertionError, match=message):
+        check_resumes_exactly(lambda: ListView(bug), path)
