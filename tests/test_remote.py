@@ -127,14 +127,11 @@ def test_ray_reader_over_a_remote_table_gives_the_reference_sequence(
             connection_factory=Connector(server.url, api_key=KEY), **kw)
 
     assert ids(ours()) == expected
-    if transform is None:  # the tensor batch path, stopped after 5 batches and resumed
-        ds = ours()
-        it = ds.iter_batches(16)
-        head = [i for b in itertools.islice(it, 5) for i in b["id"].tolist()]
-        it.close()
-        resumed = ours()
-        resumed.load_state_dict(json.loads(json.dumps(ds.state_dict())))
-        assert head + [i for b in resumed.iter_batches(16) for i in b["id"].tolist()] == expected
+    if transform is None:  # the tensor batch path: the conformance check, also after 5 batches
+        path = Path("remote iter_batches(16), Ray reader", lambda v: v.iter_batches(16),
+                    batch_ids, reader="ray", boundaries=2)
+        run = check_resumes_exactly(ours, path, also=[5])
+        assert [i for b in run.whole for i in b] == expected
 
 
 # ----------------------------------------------------------------------- request shapes
