@@ -17,6 +17,7 @@ from unittest import mock
 import pyarrow as pa
 import pytest
 import torch
+from conformance import Path, batch_ids, check_resumes_exactly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lancedb import streaming as reference
@@ -289,19 +290,17 @@ def failures(draw):
 @given(kw=failures(), read=st.integers(1, 40), data=st.data())
 def test_dropped_rows_give_the_reference_sequence_state_and_resume(table, kw, read, data):
     expected = ids(theirs(table, **kw))
-    ds = ours(table, read_batch_size=read, **kw)
-    assert ids(ds) == expected
     stop = data.draw(st.integers(0, len(expected)))
-    mine, ref = ours(table, read_batch_size=read, **kw), theirs(table, **kw)
-    head = ids(r for _, r in zip(range(stop), mine))
+    path = Path("dropped rows, __iter__", iter, lambda row: [row["id"]], boundaries=2)
+    run = check_resumes_exactly(lambda: ours(table, read_batch_size=read, **kw), path,
+                                also=[stop])
+    assert [i for unit in run.whole for i in unit] == expected
+    ref = theirs(table, **kw)
     ids(r for _, r in zip(range(stop), ref))
-    state, ref_state = mine.state_dict(), ref.state_dict()
+    state, ref_state = run.states[stop], ref.state_dict()
     owned = rank_splits(kw["rank"], kw["world_size"], SPLITS)
     for key in ("samples_consumed_per_split", "positions_consumed_per_split"):
         assert [state[key][k] for k in owned] == [ref_state[key][k] for k in owned]
-    again = ours(table, read_batch_size=read, **kw)
-    again.load_state_dict(state)
-    assert head + ids(again) == expected
 
 
 def test_dropped_rows_in_batches_and_loader_workers_give_the_reference_sequence(table):
@@ -310,17 +309,17 @@ def test_dropped_rows_in_batches_and_loader_workers_give_the_reference_sequence(
     batches = list(ours(table, read_batch_size=16, **kw).iter_batches(8))
     assert [i for b in batches for i in b["id"].tolist()] == expected
     assert all(len(b["id"]) == 8 for b in batches[:-1])
-    ds = ours(table, read_batch_size=16, **kw)
-    loader = lance_ray.StreamingDataLoader(ds, batch_size=8, num_workers=2)
-    it = iter(loader)
-    head = [i for _ in range(3) for i in next(it)["id"].tolist()]
-    state = loader.state_dict()
-    it.close()
-    again = ours(table, read_batch_size=16, **kw)
-    again.load_state_dict(state)
-    rest = [i for b in lance_ray.StreamingDataLoader(again, batch_size=8, num_workers=2)
-            for i in b["id"].tolist()]
-    assert head + rest == expected and ds.rows_skipped > 0
+    views: list[lance_ray.StreamingDataset] = []
+
+    def make() -> lance_ray.StreamingDataset:
+        views.append(ours(table, read_batch_size=16, **kw))
+        return views[-1]
+
+    path = Path("dropped rows, loader 2 workers",
+                lambda v: iter(lance_ray.StreamingDataLoader(v, batch_size=8, num_workers=2)),
+                batch_ids, boundaries=2)
+    run = check_resumes_exactly(make, path, also=[3])
+    assert [i for b in run.whole for i in b] == expected and views[0].rows_skipped > 0
 
 
 def test_a_split_with_no_surviving_row_ends_the_epoch_at_once(table):

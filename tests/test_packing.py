@@ -10,6 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from conformance import Path, check_resumes_exactly
 from conftest import write_token_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
@@ -312,20 +313,20 @@ def test_the_loader_with_workers_packs_the_blocks_and_states_of_num_workers_0(
     kw = packed(L=8, num_splits=num_splits, blocks_per_epoch=6 * num_splits,
                 read_batch_size=5)  # many reads, so every worker reads several
     size = 2 * num_splits
-    states = []
-    for workers in (0, num_workers):
-        loader = lance_ray.StreamingDataLoader(StreamingDataset(table, reader="local", **kw),
-                                               batch_size=size, num_workers=workers)
-        it = iter(loader)
-        head = sum((loader_blocks(next(it)) for _ in range(stop)), [])
-        states.append(loader.state_dict())
-        it.close()
-    assert json.dumps(states[0], sort_keys=True) == json.dumps(states[1], sort_keys=True)
-    resumed = StreamingDataset(table, reader="local", **kw)
-    resumed.load_state_dict(states[1])
-    rest = lance_ray.StreamingDataLoader(resumed, batch_size=size, num_workers=num_workers)
+    path = Path(f"packed loader, {num_workers} workers",
+                lambda v: iter(lance_ray.StreamingDataLoader(v, batch_size=size,
+                                                             num_workers=num_workers)),
+                loader_blocks, boundaries=2)
+    run = check_resumes_exactly(lambda: StreamingDataset(table, reader="local", **kw), path,
+                                also=[stop])
     ref = blocks_of(Reference(table, **{k: v for k, v in kw.items() if k != "read_batch_size"}))
-    assert head + sum((loader_blocks(b) for b in rest), []) == ref
+    assert sum(run.whole, []) == ref
+    loader = lance_ray.StreamingDataLoader(StreamingDataset(table, reader="local", **kw),
+                                           batch_size=size, num_workers=0)
+    it = iter(loader)
+    take(it, stop)
+    assert json.loads(json.dumps(loader.state_dict())) == run.states[stop]
+    it.close()
 
 
 def test_the_ray_reader_packs_the_same_blocks(corpora, ray_session):

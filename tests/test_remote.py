@@ -22,6 +22,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 import pytest
+from conformance import Path, batch_ids, check_resumes_exactly
 from conftest import write_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -126,14 +127,11 @@ def test_ray_reader_over_a_remote_table_gives_the_reference_sequence(
             connection_factory=Connector(server.url, api_key=KEY), **kw)
 
     assert ids(ours()) == expected
-    if transform is None:  # the tensor batch path, stopped after 5 batches and resumed
-        ds = ours()
-        it = ds.iter_batches(16)
-        head = [i for b in itertools.islice(it, 5) for i in b["id"].tolist()]
-        it.close()
-        resumed = ours()
-        resumed.load_state_dict(json.loads(json.dumps(ds.state_dict())))
-        assert head + [i for b in resumed.iter_batches(16) for i in b["id"].tolist()] == expected
+    if transform is None:  # the tensor batch path: the conformance check, also after 5 batches
+        path = Path("remote iter_batches(16), Ray reader", lambda v: v.iter_batches(16),
+                    batch_ids, reader="ray", boundaries=2)
+        run = check_resumes_exactly(ours, path, also=[5])
+        assert [i for b in run.whole for i in b] == expected
 
 
 # ----------------------------------------------------------------------- request shapes
@@ -231,17 +229,14 @@ def test_a_factory_that_opens_another_table_is_refused(server, table):
 @PROPERTY
 @given(kw=plans(), stop=st.floats(0, 1), batch_size=st.integers(1, 40))
 def test_remote_state_resumes_the_rest_of_the_epoch_exactly(table, kw, stop, batch_size):
+    """The conformance check (resume, next epoch, end-of-epoch state, one state shape) over a
+    remote table, at both ends and at a drawn stop."""
     kw = {**kw, "rank": 0, "world_size": 1}
-    full = ids(lance_ray.StreamingDataset(table, reader="local", **kw))
-    ds = lance_ray.StreamingDataset(table, reader="local", **kw)
-    steps = int(stop * len(full) / batch_size)
-    it = ds.iter_batches(batch_size)
-    first = [i for b in itertools.islice(it, steps) for i in b["id"].tolist()]
-    it.close()
-    state = json.loads(json.dumps(ds.state_dict()))
-    resumed = lance_ray.StreamingDataset(table, reader="local", **kw)
-    resumed.load_state_dict(state)
-    assert first + ids(resumed) == full
+    path = Path(f"remote iter_batches({batch_size})", lambda v: v.iter_batches(batch_size),
+                batch_ids, boundaries=2)
+    whole = ids(lance_ray.StreamingDataset(table, reader="local", **kw))
+    check_resumes_exactly(lambda: lance_ray.StreamingDataset(table, reader="local", **kw),
+                          path, also=[int(stop * len(whole) / batch_size)])
 
 
 # ----------------------------------------------------------------------- credentials
