@@ -58,6 +58,10 @@ class RemoteTableRef(TableRef):
     branch: str | None = None
     connection_factory: ConnectionFactory | None = None
     local: Any = field(default=None, compare=False, repr=False)
+    # A plan is a row-id scan through the server, a request the user pays for: build the
+    # next epoch's when that epoch starts, as lancedb.streaming does, so that a run that
+    # reads one epoch makes one scan.
+    plans_ahead = False
 
     def __repr__(self) -> str:
         return f"RemoteTableRef(uri={self.uri!r}, version={self.version})"

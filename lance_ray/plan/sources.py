@@ -78,7 +78,7 @@ class LocalPlans:
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
         part = self.plans.get((spec, tuple(owned)))
         upcoming = next_epoch(spec)
-        if upcoming is not None:
+        if upcoming is not None and self.table.plans_ahead:
             self.plans.prefetch((upcoming, tuple(owned)))
         return part
 

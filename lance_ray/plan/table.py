@@ -30,6 +30,8 @@ class TableRef:
     uri: str
     version: int
     storage_options: StorageOptionsFactory | None = None
+    # Whether the next epoch's plan may be built ahead of need, while this one is read.
+    plans_ahead = True
 
     def __repr__(self) -> str:
         # Never print the options themselves: they may hold credentials.
