@@ -7,7 +7,9 @@
   each committing ``--steps`` global steps through its own view-side reporter (the code a
   view reports through, coalescing under ``--every-batches``/``--every-s``; pass
   ``--every-batches 1`` for one actor call per rank and step); a report is one rank's
-  progress at one step. The clock stops when the coordinator has sealed the last step;
+  progress at one step. Each rank attaches as a view does and checks the coordinator's
+  generation before each step (the stale-view check a view makes before each batch). The
+  clock stops when the coordinator has sealed the last step;
 * status lag: how far the coordinator's sealed step trailed the ranks, sampled while they
   ran (steps, and seconds since the ranks completed the first unsealed step);
 * coordinator memory: the actor's resident memory before and after the run, and its
@@ -39,7 +41,7 @@ from lance_ray.plan.sources import CoordinatorPlans
 from lance_ray.state.ledger import RankReport
 from lance_ray.state.reporting import ReportPolicy
 from lance_ray.testing.tables import create_table
-from lance_ray.topology import rank_splits
+from lance_ray.topology import Topology, rank_splits
 
 
 def rss_mib(pid: int) -> float:
@@ -70,6 +72,8 @@ def main() -> None:
     ray.get(handle.plan_part.remote(0, 0, 1))  # build the plan before timing
     idle_mib = rss_mib(coord.status()["pid"])
     ranks = [CoordinatorPlans(handle, policy) for _ in range(args.ranks)]
+    for rank, plans in enumerate(ranks):  # as each view does: it then watches the generation
+        plans.start(Topology(rank, args.ranks))
     owned = [len(rank_splits(r, args.ranks, splits)) for r in range(args.ranks)]
     completed_at: list[float] = []  # when every rank had committed step i + 1
     lags: list[tuple[int, float]] = []
@@ -93,6 +97,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         for rank, plans in enumerate(ranks):
             counts = [min(step, split_len)] * owned[rank]
+            plans.check_current()  # what a view does before each batch (the stale check)
             plans.report(RankReport(rank, args.ranks, 0, step, tuple(counts), tuple(counts)))
         completed_at.append(time.monotonic())
     stepped = time.monotonic()
