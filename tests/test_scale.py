@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 
 from lance_ray.read import scale
 from lance_ray.read.requests import ChunkRequest
+from lance_ray.read.run_ahead import RunAhead
 from lance_ray.read.scale import (
     Capacity,
     rechunked,
+    run_ahead_budget,
     slots_on,
     split_rows,
     task_demand,
@@ -83,6 +85,21 @@ def test_a_pass_is_spread_over_every_slot_in_tasks_of_bounded_work():
     assert _shape(rows=100).rows == int(scale.MIN_TASK_SECONDS / 0.004)
     # Cheap rows: at most one read's bytes per task, in or out.
     assert _shape(rows=10**8, spr=1e-7, out=1 * MB).rows == 64
+
+
+@given(task=st.integers(1, 1 << 28), slots=st.integers(1, 1024),
+       store=st.integers(0, 1 << 42), cap=st.one_of(st.none(), st.integers(0, 1 << 40)))
+def test_the_run_ahead_keeps_every_slot_busy_within_the_memory_and_always_admits_one_task(
+        task, slots, store, cap):
+    budget = run_ahead_budget(task, Capacity(slots, store), cap)
+    memory = store if cap is None else min(store, cap)
+    assert budget >= task  # never stalls on its own bound
+    assert budget <= max(task, memory)  # prefetch_bytes and the store cap it
+    if memory >= scale.OUTPUTS_PER_SLOT * slots * task:
+        # Room for a few outputs per slot: every slot runs while others' outputs wait.
+        assert budget == scale.OUTPUTS_PER_SLOT * slots * task
+        assert RunAhead(budget, task).admits(running=slots - 1, queued_bytes=task,
+                                             measured_task_bytes=0)
 
 
 def test_memory_shrinks_tasks_and_says_so_only_when_one_task_per_slot_does_not_fit():

@@ -47,8 +47,16 @@ from .requests import (
     ReadSizing,
     span_results,
 )
-from .run_ahead import RunAhead, bound_pipeline, run_ahead_for
-from .scale import Capacity, TaskShape, capacity, rechunked, split_rows, task_shape
+from .run_ahead import RunAhead, bound_pipeline
+from .scale import (
+    Capacity,
+    TaskShape,
+    capacity,
+    rechunked,
+    run_ahead_budget,
+    split_rows,
+    task_shape,
+)
 from .take import one_batch, take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
 
@@ -170,6 +178,7 @@ class RayDataReader:
         self.ray_remote_args = dict(ray_remote_args or {})
         self.transform_tasks = transform_tasks
         self._shape: TaskShape | None = None  # a transformed pass's tasks (``_split``)
+        self._bound: RunAhead | None = None  # the pipeline's run-ahead (``dataset``)
 
     def dataset(self, requests: list[ChunkRequest]) -> Any:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
@@ -190,23 +199,25 @@ class RayDataReader:
                                 **self.ray_remote_args)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
-        bound = self._run_ahead(requests)
-        if bound is not None:
-            bound_pipeline(ds.context, bound)
+        self._bound = self._run_ahead(requests)
+        if self._bound is not None:
+            bound_pipeline(ds.context, self._bound)
         return ds
 
     def _run_ahead(self, requests: list[ChunkRequest]) -> RunAhead | None:
-        """The pipeline's bound (``run_ahead``): a transformed pass's from its task shape
-        (``scale``); else the reads' budget, at least a read per task slot; None when the
-        rows' width is unknown (a remote table): Ray Data's own reservation then bounds it."""
+        """The pipeline's bound (``run_ahead``), by ``scale``'s one rule: a transformed
+        pass's from its task shape; a plain pass's from its largest read. None when the
+        rows' width is unknown (a remote table): Ray Data's own reservation then bounds
+        it."""
         if self._shape is not None:
             return RunAhead(self._shape.budget, self._shape.task_bytes)
         sizing = self.sizing
         if sizing is None or sizing.row_bytes is None or not requests:
             return None
         task_bytes = max(sizing.nbytes(len(r.row_ids)) for r in requests)
-        return run_ahead_for(sizing.budget_bytes, task_bytes,
-                             capacity(self.ray_remote_args).slots)
+        budget = run_ahead_budget(task_bytes, capacity(self.ray_remote_args),
+                                  sizing.budget_bytes if sizing.budget_given else None)
+        return RunAhead(budget, task_bytes)
 
     def _chunk(self, block: pa.Table) -> list[ChunkResult]:
         seq = block.column(SEQ_COLUMN).to_numpy()
@@ -315,9 +326,10 @@ class RayDataReader:
         # The iterator itself (iter_batches returns an iterable, which has no close()).
         blocks = iter(self.dataset(reqs).iter_batches(batch_size=None, batch_format="pyarrow",
                                                       prefetch_batches=self.prefetch_batches))
+        # Blocks received are held within the pipeline's own bound.
         budget = None if self.sizing is None else self.sizing.budget_bytes
-        if self._shape is not None:
-            budget = self._shape.budget
+        if self._bound is not None:
+            budget = self._bound.budget
         # ``ahead`` pulls the blocks on its own thread, so each is handed over once
         # converted, not when more blocks have arrived.
         chunks = ahead(self._chunk, (b for b in blocks if b.num_rows), self.prefetch_batches,

@@ -40,12 +40,6 @@ class RunAhead:
         return idle or queued_bytes + (running + 1) * per_task <= self.budget
 
 
-def run_ahead_for(budget_bytes: int, task_bytes: int, cpus: float) -> RunAhead:
-    """A pipeline's bound: ``budget_bytes`` (the reader's in-flight budget), but at least one
-    task per CPU of the cluster in flight, so a larger cluster is not held to two tasks."""
-    return RunAhead(max(budget_bytes, int(cpus) * task_bytes), task_bytes)
-
-
 def bound_pipeline(context: Any, bound: RunAhead) -> bool:
     """Configure a Ray ``DataContext`` (a dataset's own copy) to run without Ray Data's
     reservation and within ``bound``; False (the context untouched) when this Ray does not

@@ -92,6 +92,12 @@ def capacity(remote_args: Mapping[str, Any] | None) -> Capacity:
     return Capacity(max(1, slots_on(usable, need)), int(store * STORE_SHARE))
 
 
+def pipeline_memory(cap: Capacity, budget_cap: int | None) -> int:
+    """The memory one pipeline's outputs may fill: the object store's share, within the
+    user's ``prefetch_bytes`` (``budget_cap``) if set."""
+    return cap.store_bytes if budget_cap is None else min(cap.store_bytes, budget_cap)
+
+
 def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
                in_row_bytes: int, out_row_bytes: int | None, read_bytes: int,
                most_rows: int, budget_cap: int | None) -> TaskShape:
@@ -108,7 +114,7 @@ def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
     if seconds_per_row:
         rows = min(max(rows, int(MIN_TASK_SECONDS / seconds_per_row)),
                    max(1, int(MAX_TASK_SECONDS / seconds_per_row)))
-    memory = cap.store_bytes if budget_cap is None else min(cap.store_bytes, budget_cap)
+    memory = pipeline_memory(cap, budget_cap)
     out = out_row_bytes if out_row_bytes is not None else in_row_bytes
     rows = min(rows, read_bytes // max(in_row_bytes, out, 1))
     if out_row_bytes is None:
@@ -130,9 +136,16 @@ def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
         # Outputs of unknown size: the run-ahead bound counts what Ray Data measures of
         # them, within the memory.
         return TaskShape(rows, task_bytes, memory, short)
-    return TaskShape(rows, task_bytes,
-                     max(task_bytes, min(memory, OUTPUTS_PER_SLOT * cap.slots * task_bytes)),
-                     short)
+    return TaskShape(rows, task_bytes, run_ahead_budget(task_bytes, cap, budget_cap), short)
+
+
+def run_ahead_budget(task_bytes: int, cap: Capacity, budget_cap: int | None) -> int:
+    """The bytes a pipeline of tasks of ``task_bytes`` output each may hold in flight (the
+    one rule for plain reads and transformed tasks alike): ``OUTPUTS_PER_SLOT`` outputs per
+    slot, within the object store's share and the user's ``prefetch_bytes`` (``budget_cap``)
+    if set, but always one task."""
+    wanted = OUTPUTS_PER_SLOT * cap.slots * task_bytes
+    return max(task_bytes, min(pipeline_memory(cap, budget_cap), wanted))
 
 
 def rechunked(requests: Sequence[ChunkRequest], rows: int) -> list[ChunkRequest]:
