@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import positive_int
+from ..plan import pack_args
 from ..plan.resolve import resolve_plan
 from ..plan.sources import (
     DEFAULT_NAMESPACE,
@@ -39,7 +40,6 @@ from .compat import (
 )
 from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
-from .pack_args import attached_packing, check_pack_arguments, pack_options, refuse_unsupported
 from .packed import PackedView
 from .placement import placed, placement
 from .properties import ViewProperties
@@ -158,7 +158,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
         # Packing arguments first, as the reference checks them (before the table is read).
-        check_pack_arguments(num_splits, pack_sequences, eos_id, pad_id, blocks_per_epoch)
+        pack_args.check_pack_arguments(num_splits, pack_sequences, eos_id, pad_id, blocks_per_epoch)
         resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
                                 shuffle_seed=shuffle_seed, epoch=epoch,
                                 shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
@@ -172,9 +172,9 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         # (a view read only by DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
-        self._packing = pack_options(table_ref, columns, transform, num_splits, pack_sequences,
-                                     eos_id, pad_id, blocks_per_epoch, pack_position_ids,
-                                     pack_cu_seqlens)
+        self._packing = pack_args.pack_options(
+            table_ref, columns, transform, num_splits, pack_sequences, eos_id, pad_id,
+            blocks_per_epoch, pack_position_ids, pack_cu_seqlens)
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_batches, reader, ray_remote_args, options,
                            read_bytes, prefetch_bytes)
@@ -210,13 +210,13 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         ``pack_sequences`` makes this a packed view of the run's blocks (its state is the
         packed format; ``pack_position_ids``/``pack_cu_seqlens`` add those outputs).
         """
-        refuse_unsupported(unsupported)
+        pack_args.refuse_unsupported(unsupported)
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
-        self._packing = attached_packing(plans.packing(), columns, transform,
-                                         pack_position_ids, pack_cu_seqlens)
+        self._packing = pack_args.attached_packing(plans.packing(), columns, transform,
+                                                   pack_position_ids, pack_cu_seqlens)
         if self._packing is not None:
             columns = [self._packing.column]
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),

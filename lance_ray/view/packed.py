@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..plan.pack_args import PackOptions
 from ..read.ahead import ahead
 from ..read.documents import DocumentReads
 from ..read.tokens import auto_budget, say_auto_budget, split_token_totals
@@ -47,7 +48,6 @@ from ..stream.packed_order import (
 from ..stream.packing import cu_seqlens_of, position_ids_of
 from .compat import worker_share
 from .iteration import timed
-from .pack_args import PackOptions
 from .packed_takes import Snapshot, Take, group_size, take_group
 
 if TYPE_CHECKING:

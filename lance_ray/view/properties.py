@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..plan.pack_args import PackOptions
     from ..plan.splits import PlanSpec, SplitPlan
     from ..plan.table import TableRef
     from ..state import format as st
     from ..stream.cursor import Cursor
-    from .pack_args import PackOptions
 
 
 class ViewProperties:
