@@ -91,6 +91,16 @@ def test_the_coordinator_imports_nothing_from_the_views() -> None:
     assert edges <= COORDINATOR_TO_VIEW_ALLOWED
 
 
+def test_the_dataset_is_one_facade_over_one_iteration_object_per_mode() -> None:
+    # Its state lives in the core and in one mode object (rows or packed blocks), not in
+    # mixins that each declare it again.
+    from lance_ray.view.dataset import StreamingDataset
+
+    ours = [b.__name__ for b in StreamingDataset.__bases__
+            if b.__module__.split(".")[0] == "lance_ray"]
+    assert ours == ["ViewCore"]
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles = []
 
