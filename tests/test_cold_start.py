@@ -27,7 +27,7 @@ batches = ds.iter_batches(32)
 ids = [i for _ in range(3) for i in next(batches)["id"].tolist()]
 state = ds.state_dict()
 ids += [i for b in batches for i in b["id"].tolist()]
-print(json.dumps({"ids": ids, "state": state, "reader": ds._reader_kind,
+print(json.dumps({"ids": ids, "state": state, "reader": ds._reads.kind,
                   "ray_imported": "ray" in sys.modules}))
 """
 
@@ -53,7 +53,7 @@ def test_with_no_cluster_connected_the_default_reader_reads_locally_and_never_im
 
 def test_once_ray_is_connected_the_default_reader_is_ray_data(ray_session, table_1k):
     ds = lance_ray.StreamingDataset(table_1k, num_splits=4)
-    assert ds._reader_kind == "ray"
+    assert ds._reads.kind == "ray"
     assert choose_reader("local") == "local"
 
 

@@ -213,9 +213,9 @@ def test_uneven_worker_shares_are_refused_naming_the_fix(table):
 def test_reference_arguments_are_accepted_and_mapped(table):
     ds = ours(table, io_queue_depth=3, transform=FailOn(()), transform_parallelism=2,
               transform_queue_depth=4, connection_factory=lambda name: table)
-    assert ds._prefetch_batches == 3
-    assert ds._reader(False, False).transform_threads == 2
-    assert ds._reader(False, False).prefetch == 3
+    assert ds._reads.prefetch == 3
+    assert ds._reads.reader(False, False).transform_threads == 2
+    assert ds._reads.reader(False, False).prefetch == 3
     assert ids(ds) == ids(theirs(table))
     with pytest.raises(ValueError, match="name the same setting"):
         ours(table, io_queue_depth=3, prefetch_batches=2)

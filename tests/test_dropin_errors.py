@@ -84,7 +84,7 @@ def test_prefetch_batches_is_a_deprecated_alias_of_io_queue_depth(table, caplog)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new name is silent
         new = ours(table, io_queue_depth=3)
-    assert old._prefetch_batches == new._prefetch_batches == 3
+    assert old._reads.prefetch == new._reads.prefetch == 3
     assert [r["id"] for r in old] == [r["id"] for r in new]
     with pytest.raises(ValueError, match="pass only one"), \
             pytest.warns(DeprecationWarning):

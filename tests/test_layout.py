@@ -78,6 +78,29 @@ def test_every_import_points_down_the_data_path() -> None:
     assert upward == []
 
 
+# The coordinator (its actor, ledger and packing) needs no view: value types they share live
+# below both. The one edge left is the driver-side handle's ``Coordinator.view()`` convenience,
+# which builds a ``StreamingDataset``; it goes when the handle moves above ``view`` (with the
+# coordinator's client, now ``plan/sources.py``).
+COORDINATOR_TO_VIEW_ALLOWED = {("coordinator.handle", "view.dataset")}
+
+
+def test_the_coordinator_imports_nothing_from_the_views() -> None:
+    edges = {(m, t) for m, targets in _graph().items() for t in targets
+             if m.split(".")[0] == "coordinator" and t.split(".")[0] == "view"}
+    assert edges <= COORDINATOR_TO_VIEW_ALLOWED
+
+
+def test_the_dataset_is_one_facade_over_one_iteration_object_per_mode() -> None:
+    # Its state lives in the core and in one mode object (rows or packed blocks), not in
+    # mixins that each declare it again.
+    from lance_ray.view.dataset import StreamingDataset
+
+    ours = [b.__name__ for b in StreamingDataset.__bases__
+            if b.__module__.split(".")[0] == "lance_ray"]
+    assert ours == ["ViewCore"]
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles = []
 

@@ -125,7 +125,7 @@ def test_long_documents_in_narrow_types_pack_and_resume_as_the_reference(tmp_pat
 def rank_blocks(ds: StreamingDataset, batch: int, steps: int | None = None):
     """(global step, split, block index, block) of the batches ``ds`` yields from its state."""
     k = len(ds._owned)
-    start = ds._pack_emitted()[ds._owned[0]]
+    start = ds.mode.emitted()[ds._owned[0]]
     step0 = ds.global_step
     out, t = [], 0
     for b, out_batch in enumerate(itertools.islice(ds.iter_batches(batch), steps)):

@@ -21,7 +21,7 @@ from lancedb import streaming as reference
 import lance_ray
 from jobs.bench.wide import ensure_wide_table
 from lance_ray.read.convert import gather_rows
-from lance_ray.view import reading
+from lance_ray.view import readers
 
 ROW = 1 << 20  # 1 MB of random bytes per row
 ROWS = 200
@@ -40,7 +40,7 @@ class Spy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.readers: list[Any] = []
         self.read_bytes: list[int] = []
-        make = reading.make_reader
+        make = readers.make_reader
 
         def spying(*args: Any, **kwargs: Any) -> Any:
             reader = make(*args, **kwargs)
@@ -56,7 +56,7 @@ class Spy:
             reader.iter_chunks = iter_chunks
             return reader
 
-        monkeypatch.setattr(reading, "make_reader", spying)
+        monkeypatch.setattr(readers, "make_reader", spying)
 
 
 CASES = [
@@ -75,7 +75,7 @@ def test_wide_rows_keep_reads_under_the_target_and_in_flight_bytes_under_the_bud
     spy = Spy(monkeypatch)
     ds = lance_ray.StreamingDataset(wide_table, reader=reader, io_queue_depth=8,
                                     read_bytes=read_bytes, prefetch_bytes=prefetch_bytes, **kw)
-    sizing = ds._sizing
+    sizing = ds._reads.sizing
     assert abs(sizing.row_bytes - ROW) < ROW // 100  # the width estimate, from metadata
     got = []
     for batch in ds.iter_batches(8):
@@ -91,8 +91,9 @@ def test_wide_rows_keep_reads_under_the_target_and_in_flight_bytes_under_the_bud
 
 def test_the_width_estimate_follows_the_columns_read(wide_table):
     narrow = lance_ray.StreamingDataset(wide_table, reader="local", columns=["id", "label"])
-    assert narrow._sizing.row_bytes == 16
-    assert narrow._sizing.steady_rows == narrow._sizing.max_rows  # bounded by rows, not bytes
+    assert narrow._reads.sizing.row_bytes == 16
+    sizing = narrow._reads.sizing
+    assert sizing.steady_rows == sizing.max_rows  # bounded by rows, not bytes
 
 
 def test_ray_reads_default_to_a_larger_byte_target_and_an_explicit_one_wins(wide_table):

@@ -20,6 +20,7 @@ from typing import Any
 from .. import storage
 from ..plan.background import BackgroundPlans
 from ..plan.generation import file_name, publish_on_nodes
+from ..plan.pack_args import PackOptions
 from ..plan.sources import next_epoch, plan_for
 from ..plan.splits import PlanSpec, SplitPlan
 from ..plan.table import (
@@ -30,7 +31,6 @@ from ..state import ledger as lg
 from ..state.packed import parse_packed_state
 from ..state.reporting import ReportPolicy
 from ..topology import Topology
-from ..view.pack_args import PackOptions
 from .packing import PackedRun
 from .throttle import Throttled
 

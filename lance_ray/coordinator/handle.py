@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from .. import storage
+from ..plan.pack_args import pack_options
 from ..plan.remote import is_remote_table
 from ..plan.resolve import resolve_plan
 from ..plan.sources import DEFAULT_NAMESPACE, find_coordinator
@@ -16,7 +17,6 @@ from ..plan.table import StorageOptionsFactory, release_lease, take_lease
 from ..state.reporting import ReportPolicy
 from ..topology import splits_per_rank
 from ..view.dataset import StreamingDataset
-from ..view.pack_args import pack_options
 from .actor import CoordinatorActor
 
 logger = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..plan.pack_args import PackOptions
 from ..plan.splits import SplitPlan
 from ..plan.table import TableRef
 from ..read.take import take_in_order
@@ -35,7 +36,6 @@ from ..state.packed import (
 )
 from ..stream.packing import documents
 from ..stream.rebuild import FIRST_READ, rebuild_buffer
-from ..view.pack_args import PackOptions
 
 logger = logging.getLogger(__name__)
 

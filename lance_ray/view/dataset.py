@@ -2,56 +2,38 @@
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import positive_int
+from ..plan import pack_args
 from ..plan.resolve import resolve_plan
 from ..plan.sources import (
     DEFAULT_NAMESPACE,
     CoordinatorPlans,
     LocalPlans,
-    PlanSource,
     RayTaskPlans,
     ray_is_up,
 )
-from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
-from ..plan.table import StorageOptionsFactory, TableRef, check_columns
+from ..plan.table import StorageOptionsFactory
 from ..read.transform import ErrorPolicy, Transform, make_policy
-from ..state import format as st
-from ..state.ledger import RankReport
 from ..state.merge import merge_state_dicts
-from ..stream.cursor import Cursor
-from ..stream.order import RankStream
 from ..topology import Topology
-from .compat import (
-    UNTRACKED,
-    WorkerInfo,
-    current_worker,
-    prefetch_depth,
-    reference_options,
-    worker_share,
-)
+from .compat import UNTRACKED, WorkerInfo, prefetch_depth, reference_options
+from .core import Mode, ViewCore
 from .iteration import leased
 from .options import DEFAULT_READ_BATCH_SIZE, ReadOptions
-from .pack_args import attached_packing, check_pack_arguments, pack_options, refuse_unsupported
-from .packed import PackedView
+from .packed import PackedMode
 from .placement import placed, placement
-from .properties import ViewProperties
-from .readers import choose_reader, read_sizing
-from .reading import Reading
-from .stats import Gauge, Meter, ReferenceCounters, ViewStats
-
-logger = logging.getLogger(__name__)
+from .readers import choose_reader
+from .reading import Pass, RowMode
 
 
-class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
-                       IterableDataset):
+class StreamingDataset(ViewCore, IterableDataset):
     """An elastic, exactly-resumable torch ``IterableDataset`` over a Lance / LanceDB table.
 
     Speaks the language of ``lancedb.streaming.StreamingDataset``: the table (at a pinned
@@ -158,7 +140,7 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         positive_int("world_size", world_size)
         num_splits = world_size if num_splits is None else num_splits
         # Packing arguments first, as the reference checks them (before the table is read).
-        check_pack_arguments(num_splits, pack_sequences, eos_id, pad_id, blocks_per_epoch)
+        pack_args.check_pack_arguments(num_splits, pack_sequences, eos_id, pad_id, blocks_per_epoch)
         resolved = resolve_plan(table, num_splits=num_splits, shuffle=shuffle,
                                 shuffle_seed=shuffle_seed, epoch=epoch,
                                 shuffle_clump_size=shuffle_clump_size, filter=filter, plan=plan,
@@ -172,13 +154,14 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         # (a view read only by DataLoader workers needs no Ray at all).
         remote = reader == "ray" and ray_is_up()
         plans = (RayTaskPlans if remote else LocalPlans)(table_ref, resolved.rows)
-        self._packing = pack_options(table_ref, columns, transform, num_splits, pack_sequences,
-                                     eos_id, pad_id, blocks_per_epoch, pack_position_ids,
-                                     pack_cu_seqlens)
+        packing = pack_args.pack_options(
+            table_ref, columns, transform, num_splits, pack_sequences, eos_id, pad_id,
+            blocks_per_epoch, pack_position_ids, pack_cu_seqlens)
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_batches, reader, ray_remote_args, options,
                            read_bytes, prefetch_bytes)
-        self._init_view(table_ref, spec, plans, Topology(rank, world_size), read)
+        self._init_view(table_ref, spec, plans, Topology(rank, world_size), read,
+                        mode_for(packing))
 
     @classmethod
     def from_coordinator(
@@ -210,101 +193,39 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         ``pack_sequences`` makes this a packed view of the run's blocks (its state is the
         packed format; ``pack_position_ids``/``pack_cu_seqlens`` add those outputs).
         """
-        refuse_unsupported(unsupported)
+        pack_args.refuse_unsupported(unsupported)
         plans = CoordinatorPlans.connect(name, namespace)
         table_ref, spec = plans.describe()
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
-        self._packing = attached_packing(plans.packing(), columns, transform,
-                                         pack_position_ids, pack_cu_seqlens)
-        if self._packing is not None:
-            columns = [self._packing.column]
+        packing = pack_args.attached_packing(plans.packing(), columns, transform,
+                                             pack_position_ids, pack_cu_seqlens)
+        if packing is not None:
+            columns = [packing.column]
         read = ReadOptions(columns, make_policy(transform, on_transform_error, fill_value),
                            read_batch_size, prefetch_depth(prefetch_batches, io_queue_depth),
                            reader, ray_remote_args)
         topology = Topology(rank, world_size)
-        self._init_view(table_ref, spec, plans, topology, read)
+        self._init_view(table_ref, spec, plans, topology, read, mode_for(packing))
         self.load_state_dict(plans.start(topology))
         return self
 
-    def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource,
-                   topology: Topology, read: ReadOptions) -> None:
-        self._owned = topology.owned(spec.num_splits)
-        self._topology = topology
-        rank, world_size = topology.rank, topology.world_size
-        self._table = table
-        self._columns = check_columns(table, read.columns)
-        self._rank, self._world_size = rank, world_size
-        self._transform = read.transform
-        rows = read.read_batch_size if read.transform is None else \
-            read.transform.read_rows(read.read_batch_size)
-        self._reader_kind = choose_reader(read.reader)
-        self._sizing = read_sizing(table, self._columns, rows, read.read_bytes,
-                                   read.prefetch_bytes, reader=self._reader_kind)
-        self._prefetch_batches = read.prefetch_batches
-        self._ray_remote_args = read.ray_remote_args
-        self._plans = plans
-        self._options = read.reference
-        self._meter = Meter(ViewStats(), rank)
-        self._gauge = Gauge()
-        # Set by plain DataLoader workers (shared memory, so the trainer sees it).
-        self._untracked = torch.zeros(1, dtype=torch.int8).share_memory_()
-        self._lease: weakref.ref[Iterator[Any]] | None = None  # the one active iterator
-        self._set_plan(spec)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_lease"] = None  # iterators stay in their process
-        return state
-
-    def _set_plan(self, spec: PlanSpec) -> None:
-        self._install_plan(spec, self._plans.part(spec, self._owned))
-
-    def _install_plan(self, spec: PlanSpec, plan: SplitPlan) -> None:
-        """Switch to ``plan`` from its start; any running iterator becomes stale."""
-        self._plan, self._identity = plan, plan.identity()
-        self._spec = spec
-        zeros = [0] * spec.num_splits
-        self._new_cursor(zeros, zeros, batches=0, origin=True)
-        self._reset_packing()
-
-    def _new_cursor(self, samples: list[int], positions: list[int], *, batches: int,
-                    origin: bool) -> None:
-        """Start from this progress; ``origin``: it is exact for every split. Any running
-        iterator becomes stale."""
-        generation = self._cursor.generation if hasattr(self, "_cursor") else 0
-        worker, _ = current_worker(self._options.worker_info_override, warn=False)
-        self._cursor = Cursor(worker_share(self._owned, worker), list(samples),
-                              list(positions), self._plan.split_len, batches=batches,
-                              generation=generation + 1,
-                              origin=(list(samples), list(positions)) if origin else None)
-        self._lease = None
-        self._untracked[0] = 0
-
     def __len__(self) -> int:
         """Samples (packed: blocks) this rank yields in a whole epoch."""
-        if self._packing:
-            return self._packed_len()
-        return len(self._owned) * self._plan.split_len
-
-    # ----------------------------------------------------------------------- progress
-    def _stream(self) -> RankStream:
-        return self._cursor.stream()
-
-    def _commit(self, samples: int, batches: int = 0) -> None:
-        self._cursor.commit(samples, batches)
-        if batches and self._plans.wants_reports:  # keep the commit O(1) without a coordinator
-            done = self._stream().advanced(self._cursor.consumed)
-            report = RankReport(self._rank, self._world_size, self._spec.epoch,
-                                self._cursor.batches, done.samples, done.positions)
-            self._plans.report(report, final=not len(done))
+        return len(self._mode)
 
     @property
     def samples_remaining(self) -> int:
         """Samples (packed: blocks) this rank still has to yield in the current epoch."""
-        if self._packing:
-            return self._packed_remaining()
-        return len(self._stream()) - self._cursor.consumed
+        return self._mode.remaining
+
+    @property
+    def mode(self) -> RowMode | PackedMode:
+        """This view's iteration object: :class:`RowMode`, or :class:`PackedMode` with
+        ``pack_sequences`` (what ``StreamingDataLoader`` reads through)."""
+        mode = self._mode
+        assert isinstance(mode, (RowMode, PackedMode))
+        return mode
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's consumer-committed progress as plain, JSON-serialisable data.
@@ -319,59 +240,28 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         self._plans.flush()  # a checkpoint's step reaches the coordinator before it is used
         if self._untracked[0] and get_worker_info() is None:
             raise RuntimeError(UNTRACKED)
-        if self._packing:
-            return self._packed_state_dict()
-        c, ws = self._cursor, self._world_size
-        if ws == 1 and len(c.splits) == self.num_splits:
-            return st.make_state(self._identity, *c.progress(), world_size=1, rank=None,
-                                 global_step=c.batches)
-        drops = self._transform is not None and self._transform.drops_rows
-        derived = None if drops else c.lockstep_progress(self.num_splits)
-        if derived is not None:
-            # No rank: every rank of a lockstep run writes this same state (one file
-            # resumes any topology, as in the reference).
-            return st.make_state(self._identity, *derived, world_size=ws, rank=None,
-                                 global_step=c.batches, lockstep=True)
-        if len(c.splits) != len(self._owned):
-            raise RuntimeError(
-                "this view reads one DataLoader worker's share of its rank's splits "
-                "(worker_info_override) and its progress does not determine the other "
-                "workers'; checkpoint through StreamingDataLoader instead"
-            )
-        return st.make_state(self._identity, *c.progress(), world_size=ws,
-                             rank=None if ws == 1 else self._rank, global_step=c.batches)
+        return self._mode.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
-        if self._packing:
-            return self._packed_load_state_dict(state)
-        progress = st.parse_state(state, self._plan.split_len)
-        st.check_compatible(state, self._identity)
-        st.check_loadable_on(progress, self._topology)
-        self._new_cursor(list(progress.samples), list(progress.positions),
-                         batches=progress.global_step or 0,
-                         origin=progress.loadable_anywhere)
+        self._mode.load_state_dict(state)
 
     merge_state_dicts = staticmethod(merge_state_dicts)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Read epoch ``epoch``'s plan from its start (no-op if already on it)."""
-        check_epoch_seed(self._spec.shuffle_seed, epoch)
-        if epoch == self._spec.epoch:
-            return
-        left = self.samples_remaining
-        if left and self._cursor.consumed + sum(self._cursor.samples):
-            logger.warning("leaving epoch %d with %d samples of rank %d unread",
-                           self._spec.epoch, left, self._rank)
-        spec = self._spec.for_epoch(epoch)
-        part = self._plans.part(spec, self._owned)  # may fail: nothing has changed yet
-        self._plans.set_epoch(epoch)
-        self._install_plan(spec, part)
-
     # ----------------------------------------------------------------------- reading
+    def begin_pass(self, lease: weakref.ref[Iterator[Any]] | None = None) -> Pass:
+        """Start a row-mode pass for iterator ``lease`` (see :meth:`RowMode.begin_pass`)."""
+        return self._rows().begin_pass(lease)
+
+    def _rows(self) -> RowMode:
+        mode = self._mode
+        if not isinstance(mode, RowMode):
+            raise TypeError("a packed view (pack_sequences) has no row-mode passes")
+        return mode
+
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
-        return leased(self._packed_items if self._packing else self._samples)
+        return leased(self._mode.items)
 
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None,
                      device: Any = None, pin_memory: bool | None = None) -> Iterator[Any]:
@@ -394,6 +284,11 @@ class StreamingDataset(ViewProperties, PackedView, Reading, ReferenceCounters,
         """
         positive_int("batch_size", batch_size)
         where = placement(device, pin_memory)
-        run = self._packed_batches if self._packing else self._batches
+        run = self._mode.batches
         return leased(lambda lease: placed(lambda: run(lease, batch_size, collate_fn), where,
                                            self))
+
+
+def mode_for(packing: pack_args.PackOptions | None) -> Callable[[ViewCore], Mode]:
+    """The iteration object a view of these packing options makes."""
+    return RowMode if packing is None else partial(PackedMode, options=packing)

@@ -1,17 +1,16 @@
 """Small pieces every way of iterating a view shares: the one-live-iterator lease, the
-consumer's wait per batch, and the rows a view reads when failed rows drop."""
+consumer's wait per batch, and the rows a view reads when failed rows drop (the rule of one
+live iterator itself is kept by ``view/core.py``)."""
 
 from __future__ import annotations
 
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ..read.requests import ReadCost
 from ..stream.order import RankStream
-from .device import FeedStats
 
 T = TypeVar("T")
 CONCURRENT = ("StreamingDataset does not support concurrent iteration: only one active "
@@ -46,56 +45,3 @@ def leased(start: Callable[[Lease], Iterator[T]]) -> Iterator[T]:
     it = start(lease)
     lease.append(weakref.ref(it))
     return it
-
-
-class Commits:
-    """Where a view's progress changes go when a batch is handed over: applied at once, or,
-    while :meth:`holding` is open (a device feed pulling batches ahead of the consumer),
-    collected, for the feed to apply when it hands that batch over."""
-
-    _held: list[Callable[[], None]] | None = None
-    _device_stats: FeedStats | None = None
-
-    @property
-    def device_stats(self) -> FeedStats:
-        """Batches this view handed over on a device (or pinned), how many of them the
-        consumer waited for on their copy, and how many on their read (``FeedStats``)."""
-        if self._device_stats is None:
-            self._device_stats = FeedStats()
-        return self._device_stats
-
-    def _on_handover(self, change: Callable[[], None]) -> None:
-        if self._held is None:
-            change()
-        else:
-            self._held.append(change)
-
-    @contextmanager
-    def holding(self) -> Iterator[list[Callable[[], None]]]:
-        """Collect the changes made while open, instead of applying them."""
-        held: list[Callable[[], None]] = []
-        self._held = held
-        try:
-            yield held
-        finally:
-            self._held = None
-
-
-class OneIterator:
-    """The rule of one live iterator per view, shared by its own iterators and those of
-    every ``StreamingDataLoader`` over it (``CONCURRENT``)."""
-
-    _lease: weakref.ref[Iterator[Any]] | None
-
-    def _reserve(self, iterator: Iterator[Any]) -> None:
-        """Make ``iterator`` (not started yet) the view's one live iterator now, refusing
-        if another one is live (a loader's iterator reserves when it is created)."""
-        lease = weakref.ref(iterator)
-        self._refuse_concurrent(lease)
-        self._lease = lease
-
-    def _refuse_concurrent(self, lease: weakref.ref[Iterator[Any]] | None) -> None:
-        active = self._lease() if self._lease is not None else None
-        if active is not None and getattr(active, "gi_frame", None) is not None and (
-                lease is None or active is not lease()):
-            raise RuntimeError(CONCURRENT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -15,6 +16,7 @@ from ..read.transform import portable_items
 from ..stream.order import RankStream
 from .dataset import StreamingDataset
 from .iteration import Lease, leased, timed
+from .packed import PackedMode
 from .placement import loader_placement, placed
 from .reading import Pass
 from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
@@ -48,8 +50,9 @@ class _BatchSource(TravelsByValue, IterableDataset):
         self.batch_size, self.collate_fn = batch_size, collate_fn
         self.pass_: Pass | None = None
         self.group = 1
-        # A packed pass: the view, the rows it reads and how their documents are arranged.
-        self.packed: tuple[StreamingDataset, RankStream, DocumentReads] | None = None
+        # A packed pass: the view's mode, the rows it reads and how their documents are
+        # arranged.
+        self.packed: tuple[PackedMode, RankStream, DocumentReads] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -57,8 +60,8 @@ class _BatchSource(TravelsByValue, IterableDataset):
         if self.packed is not None:
             # Workers read and arrange documents (what does not depend on order); the trainer
             # packs them in order, so the blocks are those of num_workers=0.
-            view, rows, documents = self.packed
-            yield from view._read_rows(rows, worker, workers, documents=documents)
+            mode, rows, documents = self.packed
+            yield from mode.read_share(rows, worker, workers, documents)
             return
         p = self.pass_
         assert p is not None, "StreamingDataLoader starts its source before iterating"
@@ -89,11 +92,11 @@ def stop_workers(inner: Iterator[Any]) -> None:
 
 
 class _InOrder:
-    """The workers' reads of a packed pass, checked to arrive in stream order and counted;
-    ``close()`` stops the workers, even when no read was ever asked for."""
+    """The workers' reads of a packed pass, checked to arrive in stream order and counted
+    (``received``); ``close()`` stops the workers, even when no read was ever asked for."""
 
-    def __init__(self, inner: Iterator[ChunkResult], gauge: Any):
-        self.inner, self.gauge, self.expected = inner, gauge, 0
+    def __init__(self, inner: Iterator[ChunkResult], received: Callable[[int], None]):
+        self.inner, self.received, self.expected = inner, received, 0
 
     def __iter__(self) -> _InOrder:
         return self
@@ -104,7 +107,7 @@ class _InOrder:
             raise RuntimeError(f"a read of rows {chunk.seq}.. arrived where rows "
                                f"{self.expected}.. were due; refusing to pack out of order")
         self.expected += len(chunk)
-        self.gauge.received += len(chunk)
+        self.received(len(chunk))
         return chunk
 
     def close(self) -> None:
@@ -234,17 +237,17 @@ class StreamingDataLoader(DataLoader):
         view = self._streaming_dataset
         run = cast("Generator[Any, None, None]", leased(  # a generator, placed or not
             lambda lease: placed(lambda: self._run(lease), self._placement, view)))
-        view._reserve(run)
+        view.reserve(run)
         return _LoaderIterator(run)
 
     def _run(self, lease: Lease) -> Iterator[Any]:
-        dataset = self._streaming_dataset
-        if dataset.packed:  # blocks are packed in this process, from the workers' reads
-            yield from dataset._packed_batches(lease, self._batch_size_samples,
-                                               self._source.collate_fn,
-                                               self._worker_reads if self.num_workers else None)
+        mode = self._streaming_dataset.mode
+        if isinstance(mode, PackedMode):  # blocks are packed here, from the workers' reads
+            reads = partial(self._worker_reads, mode) if self.num_workers else None
+            yield from mode.batches(lease, self._batch_size_samples, self._source.collate_fn,
+                                    reads)
             return
-        p = dataset.begin_pass(lease[0])
+        p = mode.begin_pass(lease[0])
         self._source.pass_ = p  # pickled into the workers started below
         # Groups only pay off across processes; in-process they would delay the first batch.
         # A transform's batches cost far more than their message: one per group keeps the
@@ -263,16 +266,16 @@ class StreamingDataLoader(DataLoader):
             stop_workers(inner)
             p.close()
 
-    def _worker_reads(self, rows: RankStream, documents: DocumentReads) -> _InOrder:
+    def _worker_reads(self, mode: PackedMode, rows: RankStream,
+                      documents: DocumentReads) -> _InOrder:
         """A packed pass's reads of ``rows``, made by the workers (worker ``w`` of ``k`` reads
         ``w, w + k, ...``; torch's in-order loader returns them round-robin, in order)."""
-        dataset = self._streaming_dataset
-        self._source.packed = (dataset, rows, documents)  # pickled into the workers
+        self._source.packed = (mode, rows, documents)  # pickled into the workers
         try:
             inner = super().__iter__()  # the workers start here, on the consumer's thread
         finally:
             self._source.packed = None
-        return _InOrder(inner, dataset._gauge)
+        return _InOrder(inner, mode.received)
 
     def _survivors(self, p: Pass, inner: Iterator[ChunkResult]) -> Iterator[Any]:
         def received() -> Iterator[ChunkResult]:

@@ -42,9 +42,10 @@ def read_ranges(view: StreamingDataset, stream: RankStream, ranges: list[tuple[i
                 as_tensors: bool) -> Iterator[Batch]:
     """Samples ``lo .. hi-1`` of ``stream`` for each range, in order, read in this process."""
     wanted = [(j, lo, hi) for j, (lo, hi) in enumerate(ranges)]
-    requests = requests_for(view._plan, stream, ranges, view._sizing)
-    chunks = view._chunks(stream, requests, True, as_tensors)
-    return assemble((view._resolved(stream, c) for c in chunks), wanted)
+    reads = view._reads
+    requests = requests_for(view._plan, stream, ranges, reads.sizing)
+    chunks = reads.chunks(stream, requests, True, as_tensors)
+    return assemble((reads.resolved(stream, c) for c in chunks), wanted)
 
 
 class _MixtureBatches(TravelsByValue, IterableDataset):

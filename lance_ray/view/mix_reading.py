@@ -83,7 +83,7 @@ class MixtureReading:
         as_tensors = batch_size is not None and collate_fn is None
         # Each source's reads are cut into batches of the mixture's size: a mixture batch then
         # takes from one (rarely two) of them, whatever the source's share.
-        group = [batch_size or v._sizing.first_rows for v in self._views]
+        group = [batch_size or v._reads.sizing.first_rows for v in self._views]
         buffers: list[SourceBuffer | None] = [
             SourceBuffer(p.read_batches(g, as_tensors=as_tensors), n) if left else None
             for p, g, n, left in zip(self._pass_objs, group, self._passes, self._left)]

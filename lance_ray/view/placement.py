@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .core import ViewCore
 from .device import (
     DEFAULT_SLOTS,
     Allocate,
@@ -21,7 +22,6 @@ from .device import (
 )
 from .device import pageable as pageable_buffer
 from .device import pinned as pinned_buffer
-from .iteration import Commits
 
 # torch's DataLoader says this when pin_memory=True finds no accelerator; so does lance_ray.
 NO_ACCELERATOR = ("'pin_memory' argument is set as true but no accelerator is found, then "
@@ -136,7 +136,7 @@ def stager_for(where: Placement, stats: FeedStats, *, allocate: Allocate | None 
     return Stager(allocate, copier, slots, stats)
 
 
-def placed(start: Callable[[], Iterator[Any]], where: Placement | None, view: Commits
+def placed(start: Callable[[], Iterator[Any]], where: Placement | None, view: ViewCore
            ) -> Iterator[Any]:
     """The batches of ``start()``, placed ``where`` (unchanged when None), a few batches ahead,
     each batch's progress changes applied when it is handed over (``view.holding``)."""
