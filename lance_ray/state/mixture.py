@@ -13,6 +13,7 @@ per source, its pass and whether it was already read whole in this mixture epoch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..checks import is_int
@@ -53,6 +54,24 @@ def make_mixture_state(meta: dict[str, Any], *, epoch: int, world_size: int, ran
                       "global_step": global_step, "passes": [int(p) for p in passes],
                       "read_whole": [bool(w) for w in whole]},
             "sources": sources}
+
+
+def source_meta(uri: str, table_version: int, filter: str | None, rows: int) -> dict[str, Any]:
+    """What identifies one source in a mixture state: its table's name (the last part of
+    its URI, so a moved table still loads), version, filter and rows after the filter."""
+    return {"table": uri.rstrip("/").rsplit("/", 1)[-1], "table_version": table_version,
+            "filter": filter, "rows": rows}
+
+
+@dataclass(frozen=True)
+class MixtureRun:
+    """A coordinator's mixture: the coordinators of its sources (one per source, in the
+    mixture's order; each holds that source's plan), the epoch it was created for, and the
+    mixture's :func:`mixture_meta`, which every state of the run carries."""
+
+    sources: tuple[str, ...]
+    epoch: int
+    meta: dict[str, Any]
 
 
 def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop: str,

@@ -1,0 +1,194 @@
+"""``Coordinator.create`` over a mixture, on the session's real Ray cluster and real Lance
+tables: the coordinator's state is the checkpoint route's merged state, a restarted view
+resumes on its own, and a resize mid-epoch delivers each remaining sample of each source
+exactly once, in proportion. A sample is ``(source, id)``."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from fractions import Fraction
+
+import pytest
+import ray
+from conftest import wait_sealed
+
+import lance_ray
+from lance_ray import Coordinator, MixtureDataset, Source
+from lance_ray.state.ledger import StaleReport
+from lance_ray.state.reporting import ReportPolicy
+from lance_ray.stream.mixing import Schedule
+
+NUM_SPLITS = 4
+WEIGHTS = (3, 2, 1)
+SIZES = (96, 64, 32)  # in proportion: a first_exhausted epoch reads every source whole
+GLOBAL_BATCH = 12
+
+
+@pytest.fixture
+def tables(table_factory):
+    return [table_factory(n) for n in SIZES]
+
+
+@pytest.fixture
+def make(ray_session, tables, tmp_path):
+    """``make(name, world_size, stop=...)``: a mixture coordinator of ``tables``, reporting
+    every global step; all are stopped at the end."""
+    made: list[Coordinator] = []
+
+    def create(name: str, world_size: int, **kw):
+        made.append(Coordinator.create(
+            [Source(t, weight=w) for t, w in zip(tables, WEIGHTS)], name,
+            storage_path=str(tmp_path / "store"), world_size=world_size,
+            num_splits=NUM_SPLITS, shuffle_seed=3,
+            report_policy=ReportPolicy(every_batches=1), **kw))
+        return made[-1]
+
+    yield create
+    for c in made:
+        with contextlib.suppress(Exception):
+            c.kill()
+
+
+def plain(tables, world_size: int, stop: str = "first_exhausted") -> list[MixtureDataset]:
+    """The checkpoint route's ranks of the same mixture."""
+    return [MixtureDataset([Source(t, weight=w) for t, w in zip(tables, WEIGHTS)],
+                           num_splits=NUM_SPLITS, shuffle_seed=3, rank=r,
+                           world_size=world_size, stop=stop, columns=["id"], reader="local")
+            for r in range(world_size)]
+
+
+def attached(coord: Coordinator, world_size: int) -> list[MixtureDataset]:
+    return [coord.view(r, world_size, columns=["id"], reader="local", read_batch_size=64)
+            for r in range(world_size)]
+
+
+def step(iterators, steps: int | None = None) -> list[list[list[tuple[int, int]]]]:
+    """Global steps of ranks in lockstep: per step, each rank's samples."""
+    out = []
+    while steps is None or len(out) < steps:
+        batches = [next(it, None) for it in iterators]
+        if all(b is None for b in batches):
+            break
+        out.append([[] if b is None else list(zip(b["source"].tolist(), b["id"].tolist()))
+                    for b in batches])
+    return out
+
+
+def batches(views, world_size: int):
+    return [v.iter_batches(GLOBAL_BATCH // world_size) for v in views]
+
+
+def flat(steps) -> list[tuple[int, int]]:
+    return [s for per_rank in steps for rank in per_rank for s in rank]
+
+
+def assert_within_one(sources: list[int]) -> None:
+    counts, w = [0] * len(WEIGHTS), Schedule(WEIGHTS).weights
+    for k, s in enumerate(sources, 1):
+        counts[s] += 1
+        assert all(abs(c - Fraction(k * wi, sum(w))) < 1 for c, wi in zip(counts, w)), \
+            (k, counts)
+
+
+def test_the_coordinators_state_is_the_merged_checkpoint_route_state(make, tables):
+    coord = make("mix_state", 2)
+    views = attached(coord, 2)
+    got = step(batches(views, 2), 5)
+    ours = plain(tables, 2)
+    assert got == step(batches(ours, 2), 5)  # the same sequence as the checkpoint route
+    status = wait_sealed(coord, 5)
+    assert status["mixture"] and status["sealed_rows"] == len(flat(got)) == 5 * GLOBAL_BATCH
+    merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
+    assert coord.state_dict() == merged
+    assert lance_ray.merge_state_dicts([v.state_dict() for v in views]) == merged
+    # A plain MixtureDataset loads it, here on one rank: the rest of the epoch, once each.
+    one = plain(tables, 1)[0]
+    one.load_state_dict(coord.state_dict())
+    rest = flat(step(batches([one], 1)))
+    assert not set(flat(got)) & set(rest) and len(set(rest)) == len(rest)
+    assert len(flat(got)) + len(rest) == sum(SIZES)
+
+
+@pytest.mark.parametrize(("stop", "before", "after"), [
+    ("first_exhausted", 4, 2), ("all_exhausted", 2, 1)])
+def test_a_resize_mid_epoch_delivers_each_remaining_sample_once_in_proportion(
+        make, tables, stop, before, after):
+    coord = make(f"mix_resize_{stop}", before, stop=stop)
+    views = attached(coord, before)
+    running = batches(views, before)
+    first = step(running, 5)
+    wait_sealed(coord, 5)
+    coord.resize(after)
+    time.sleep(0.05)  # a per-sample delivery polls the published generation every 2 ms
+    with pytest.raises(StaleReport):
+        next(running[0])  # the old world size stops before its next batch
+    rest = step(batches(attached(coord, after), after))
+    # Exactly what the checkpoint route's elastic resume delivers from the merged step 5.
+    ours = plain(tables, before, stop)
+    assert step(batches(ours, before), 5) == first
+    resumed = plain(tables, after, stop)
+    merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
+    for ds in resumed:
+        ds.load_state_dict(merged)
+    assert step(batches(resumed, after), None) == rest
+    seen = flat(first) + flat(rest)
+    for i, n in enumerate(SIZES):  # each sample of each source's pass once, before repeats
+        ids = [x for s, x in seen if s == i]
+        if stop == "all_exhausted":  # the pass is read whole; a next pass may have begun
+            assert sorted(ids[:n]) == list(range(n)) and len(set(ids[n:])) == len(ids[n:])
+        else:  # the epoch ends when the first source runs out under its share
+            assert len(set(ids)) == len(ids) and n - len(ids) <= 2
+    for r in range(after):  # every new rank holds the mix from the resume point on
+        assert_within_one([s for per_rank in rest for s, _ in per_rank[r]])
+    assert coord.status()["world_size"] == after
+
+
+def test_a_restarted_view_resumes_from_the_coordinator_on_its_own(make, tables):
+    coord = make("mix_restart", 2)
+    first = step(batches(attached(coord, 2), 2), 4)
+    wait_sealed(coord, 4)
+    ray.kill(coord.handle, no_restart=False)  # the actor restarts from its sealed file
+    views = attached(coord, 2)  # restarted trainers: no state passed in
+    assert [v.global_step for v in views] == [4, 4]
+    rest = step(batches(views, 2))
+    assert first + rest == step(batches(plain(tables, 2), 2))  # as if never interrupted
+    wait_sealed(coord, len(first) + len(rest))
+    # The next epoch: once every rank is on it, a restarted view starts it from zero.
+    next_epoch = step(batches(views, 2), 1)
+    assert [v.epoch for v in views] == [1, 1] and coord.status()["epoch"] == 1
+    wait_sealed(coord, 1)
+    again = attached(coord, 2)
+    assert [(v.epoch, v.global_step) for v in again] == [(1, 1), (1, 1)]
+    assert step(batches(again, 2), 1) != next_epoch
+
+
+def test_a_checkpoint_loads_into_the_coordinator_and_other_states_are_refused(make, tables):
+    coord = make("mix_load", 2)
+    ours = plain(tables, 2)
+    step(batches(ours, 2), 3)
+    merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
+    coord.load_state_dict(merged)  # e.g. a checkpoint-route run moving to a coordinator
+    views = attached(coord, 2)
+    assert step(batches(views, 2), 2) == step(batches(ours, 2), 2)
+    with pytest.raises(ValueError, match="merge the ranks' states"):
+        coord.load_state_dict(ours[0].state_dict())
+    other = MixtureDataset([Source(t, weight=1) for t in tables], num_splits=NUM_SPLITS,
+                           shuffle_seed=3, columns=["id"], reader="local")
+    with pytest.raises(ValueError, match="weights mismatch"):
+        coord.load_state_dict(other.state_dict())
+
+
+def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, tables,
+                                                                   tmp_path):
+    sources = [Source(t) for t in tables]
+    for kw in ({"filter": "id > 3"}, {"pack_sequences": 16, "columns": ["id"]}):
+        with pytest.raises(ValueError, match="a mixture coordinator does not take"):
+            Coordinator.create(sources, "mix_refused", storage_path=str(tmp_path),
+                               world_size=1, **kw)
+    with pytest.raises(ValueError, match="integer shuffle_seed"):
+        Coordinator.create(sources, "mix_refused", storage_path=str(tmp_path), world_size=1,
+                           shuffle_seed=None)
+    with pytest.raises(ValueError, match="stop is a mixture's argument"):
+        Coordinator.create(tables[0], "mix_refused", storage_path=str(tmp_path),
+                           world_size=1, stop="all_exhausted")
