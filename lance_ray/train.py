@@ -148,7 +148,7 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
         state = coord.initial_state()
     else:
         logger.info("rank %d resumes from the checkpoint's data state at global step %s",
-                    rank, state["lance_ray"]["global_step"])
+                    rank, _global_step(state))  # a mixture coordinator's state too
     _check_ranks_agree(state, rank)
     coord.load_state_dict(state)  # idempotent: every rank restores the same state
     ds = coord.view(rank, world_size, **view_kwargs)

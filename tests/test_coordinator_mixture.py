@@ -192,3 +192,54 @@ def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, 
     with pytest.raises(ValueError, match="stop is a mixture's argument"):
         Coordinator.create(tables[0], "mix_refused", storage_path=str(tmp_path),
                            world_size=1, stop="all_exhausted")
+
+
+@ray.remote(num_cpus=0)
+class MixRank:
+    """One rank of a mixture coordinator's run in its own process (and node)."""
+
+    def __init__(self, name: str, rank: int, world_size: int):
+        self.ds = MixtureDataset.from_coordinator(name, rank=rank, world_size=world_size,
+                                                  columns=["id"], reader="local")
+        self.batches = self.ds.iter_batches(GLOBAL_BATCH // world_size)
+
+    def next(self) -> list[tuple[int, int]] | None:
+        b = next(self.batches, None)
+        return None if b is None else list(zip(b["source"].tolist(), b["id"].tolist()))
+
+    def state(self) -> dict:
+        return self.ds.state_dict()
+
+
+def test_ranks_on_two_nodes_seal_their_merged_state_and_a_restarted_group_resumes(
+        make, tables, ray_cluster):
+    coord = make("mix_nodes", 2)
+    ranks = [MixRank.options(resources={res: 0.01}).remote("mix_nodes", r, 2)
+             for r, res in enumerate(("at_head", "at_w1"))]
+    first = [ray.get([r.next.remote() for r in ranks]) for _ in range(4)]
+    wait_sealed(coord, 4)
+    assert coord.state_dict() == lance_ray.merge_state_dicts(
+        ray.get([r.state.remote() for r in ranks]))
+    for r in ranks:  # the whole group dies; new ranks (nodes swapped) pick up on their own
+        ray.kill(r)
+    ranks = [MixRank.options(resources={res: 0.01}).remote("mix_nodes", r, 2)
+             for r, res in enumerate(("at_w1", "at_head"))]
+    rest = []
+    while True:
+        parts = ray.get([r.next.remote() for r in ranks])
+        if all(p is None for p in parts):
+            break
+        rest.append([p or [] for p in parts])
+    assert first + rest == step(batches(plain(tables, 2), 2))
+    for r in ranks:
+        ray.kill(r)
+
+
+def test_a_loader_over_an_attached_view_gives_its_batches_and_seals_them(make, tables):
+    # num_workers=0: DataLoader workers are not connected to Ray, so they cannot take the
+    # coordinators' actor handles (as for a single table's coordinator; docs/mixing.md).
+    coord = make("mix_loader", 1)
+    view = coord.view(0, 1, columns=["id"], reader="local")
+    loader = lance_ray.StreamingDataLoader(view, GLOBAL_BATCH, num_workers=0)
+    assert step([iter(loader)], 6) == step(batches(plain(tables, 1), 1), 6)
+    assert loader.state_dict() == coord.state_dict()  # every step sealed on one rank
