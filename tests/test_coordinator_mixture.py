@@ -36,9 +36,9 @@ def make(ray_session, tables, tmp_path):
     every global step; all are stopped at the end."""
     made: list[Coordinator] = []
 
-    def create(name: str, world_size: int, **kw):
+    def create(name: str, world_size: int, of=None, **kw):
         made.append(Coordinator.create(
-            [Source(t, weight=w) for t, w in zip(tables, WEIGHTS)], name,
+            [Source(t, weight=w) for t, w in zip(of or tables, WEIGHTS)], name,
             storage_path=str(tmp_path / "store"), world_size=world_size,
             num_splits=NUM_SPLITS, shuffle_seed=3,
             report_policy=ReportPolicy(every_batches=1), **kw))
@@ -235,11 +235,15 @@ def test_ranks_on_two_nodes_seal_their_merged_state_and_a_restarted_group_resume
         ray.kill(r)
 
 
-def test_a_loader_over_an_attached_view_gives_its_batches_and_seals_them(make, tables):
-    # num_workers=0: DataLoader workers are not connected to Ray, so they cannot take the
-    # coordinators' actor handles (as for a single table's coordinator; docs/mixing.md).
-    coord = make("mix_loader", 1)
-    view = coord.view(0, 1, columns=["id"], reader="local")
-    loader = lance_ray.StreamingDataLoader(view, GLOBAL_BATCH, num_workers=0)
-    assert step([iter(loader)], 6) == step(batches(plain(tables, 1), 1), 6)
-    assert loader.state_dict() == coord.state_dict()  # every step sealed on one rank
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted"])
+def test_a_loader_over_an_attached_view_gives_its_batches_with_any_workers(
+        make, table_factory, stop):
+    uneven = [table_factory(n) for n in (96, 40, 24)]  # all_exhausted: passes change
+    coord = make(f"mix_loader_{stop}", 1, of=uneven, stop=stop)
+    expected = step(batches(plain(uneven, 1, stop), 1))
+    for workers in (0, 2):
+        coord.load_state_dict(coord.initial_state())
+        view = coord.view(0, 1, columns=["id"], reader="local")
+        loader = lance_ray.StreamingDataLoader(view, GLOBAL_BATCH, num_workers=workers)
+        assert step([iter(loader)]) == expected
+        assert loader.state_dict() == coord.state_dict()  # every step sealed on one rank

@@ -37,6 +37,17 @@ def _ray() -> Any:
     return ray
 
 
+def _find(address: tuple[str, str], what: str) -> Any:
+    """The actor handle of the coordinator at ``address`` (name, namespace), found in this
+    process: a DataLoader worker is not connected to Ray, so handles never travel to one."""
+    if not ray_is_up():
+        raise RuntimeError(
+            f"this process (a DataLoader worker?) needs the coordinator {address[0]!r} for "
+            f"{what} but is not connected to Ray; read the attached mixture with "
+            "num_workers=0")
+    return find_coordinator(*address)
+
+
 class SourcePlans(CoordinatorPlans):
     """The plan source of one source's view in an attached mixture: its part of each pass's
     plan, and the stale check, come from the source's coordinator. Its progress is part of
@@ -44,13 +55,34 @@ class SourcePlans(CoordinatorPlans):
     pass (``set_epoch``) stays the view's own: ranks enter passes at their own pace."""
 
     wants_reports = False
+    _address: tuple[str, str]
+    _handle: Any = None
 
     @classmethod
-    def of(cls, attached: CoordinatorPlans) -> SourcePlans:
+    def of(cls, attached: CoordinatorPlans, name: str, namespace: str) -> SourcePlans:
         """The same attachment (handle, generation watch) without the reports."""
         plans = cls(attached.handle, attached.policy)
         plans.__setstate__(attached.__getstate__())
+        plans._address = (name, namespace)
         return plans
+
+    @property  # type: ignore[override]
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = _find(self._address, "a source's plan")
+        return self._handle
+
+    @handle.setter
+    def handle(self, value: Any) -> None:
+        self._handle = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "handle": None, "address": self._address}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if "address" in state:
+            self._address = state["address"]
 
     def report(self, report: Any, *, final: bool = False) -> None:
         return None
@@ -66,8 +98,10 @@ class MixtureLink:
     """A mixture view's calls to its coordinator: where it starts, and its reports (fire
     and forget, at most ``max_in_flight`` unanswered; a checkpoint waits for all)."""
 
-    def __init__(self, handle: Any, run: MixtureRun, policy: ReportPolicy):
-        self.handle, self.run, self.policy = handle, run, policy
+    def __init__(self, address: tuple[str, str], run: MixtureRun, policy: ReportPolicy,
+                 handle: Any = None):
+        self.address, self.run, self.policy = address, run, policy
+        self._handle = handle  # found again where it is used (see _find)
         self._in_flight: deque[Any] = deque()
 
     @classmethod
@@ -77,7 +111,14 @@ class MixtureLink:
         if not isinstance(run, MixtureRun):
             raise ValueError(f"coordinator {name!r} reads one table, not a mixture: attach "
                              "with StreamingDataset.from_coordinator (or Coordinator.view)")
-        return cls(handle, run, ReportPolicy(**_ray().get(handle.report_policy.remote())))
+        return cls((name, namespace), run,
+                   ReportPolicy(**_ray().get(handle.report_policy.remote())), handle)
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = _find(self.address, "the mixture's progress")
+        return self._handle
 
     def start(self, topology: Topology) -> tuple[dict[str, Any] | None, int]:
         """The sealed state a new view starts from (None: the start of the epoch), and the
@@ -110,10 +151,10 @@ class MixtureLink:
         _ray().get(self.handle.set_epoch.remote(epoch))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "run": self.run, "policy": self.policy}
+        return {"address": self.address, "run": self.run, "policy": self.policy}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["handle"], state["run"], state["policy"])  # type: ignore[misc]
+        self.__init__(state["address"], state["run"], state["policy"])  # type: ignore[misc]
 
 
 def attach(cls: Any, name: str, *, rank: int, world_size: int,
@@ -136,7 +177,7 @@ def attach(cls: Any, name: str, *, rank: int, world_size: int,
     def view(source: str) -> StreamingDataset:
         v = StreamingDataset.from_coordinator(source, rank=rank, world_size=world_size,
                                               namespace=namespace, **view_kwargs)
-        v._plans = SourcePlans.of(v._plans)  # type: ignore[arg-type]
+        v._plans = SourcePlans.of(v._plans, source, namespace)  # type: ignore[arg-type]
         return v
 
     sources: Sequence[str] = link.run.sources
