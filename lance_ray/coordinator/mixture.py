@@ -206,11 +206,11 @@ class MixtureCoordinatorActor:
             raise ValueError("the coordinator needs a merged state covering every rank; merge "
                              "the ranks' states with merge_state_dicts() first")
         with self._lock:
+            self._reported.clear()  # the views before the restore are gone
             if state == self._sealed and mix["epoch"] == self._epoch:
                 return  # every rank of a restarted group restores the same checkpoint
             self._sealed, self._epoch = state, mix["epoch"]
             self._pending.clear()
-            self._reported.clear()  # the views before the restore are gone
             self._persist(durable=True)
 
     def resize(self, world_size: int) -> dict[str, Any]:
