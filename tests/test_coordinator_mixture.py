@@ -15,6 +15,7 @@ from conftest import wait_sealed
 
 import lance_ray
 from lance_ray import Coordinator, MixtureDataset, Source
+from lance_ray.cli.status import print_status
 from lance_ray.state.ledger import StaleReport
 from lance_ray.state.reporting import ReportPolicy
 from lance_ray.stream.mixing import Schedule
@@ -99,6 +100,7 @@ def test_the_coordinators_state_is_the_merged_checkpoint_route_state(make, table
     assert got == step(batches(ours, 2), 5)  # the same sequence as the checkpoint route
     status = wait_sealed(coord, 5)
     assert status["mixture"] and status["sealed_rows"] == len(flat(got)) == 5 * GLOBAL_BATCH
+    print_status({"namespace": coord.namespace, **status})  # `lance_ray status NAME`
     merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
     assert coord.state_dict() == merged
     assert lance_ray.merge_state_dicts([v.state_dict() for v in views]) == merged
