@@ -32,6 +32,7 @@ from ..state.mixture import (
     mixture_meta,
     parse_mixture,
     phase_step,
+    rank_own,
     remaining_per_rank,
     source_meta,
 )
@@ -155,16 +156,13 @@ class MixtureDataset(MixtureReading, IterableDataset):
                          namespace: str = DEFAULT_NAMESPACE, **view_kwargs: Any
                          ) -> MixtureDataset:
         """Rank ``rank`` of ``world_size`` of the mixture coordinator ``name`` (made by
-        ``Coordinator.create`` over a list of :class:`Source`).
-
-        Each source's view takes only its own splits of that source's plan from the
-        source's coordinator. The view starts from the coordinator's latest sealed step (a
-        restarted trainer picks up on its own; a new world size resizes the run) and sends
-        its state every ``every_batches`` global steps of the coordinator's
-        ``report_policy``, at each phase's end and new epoch, and at every ``state_dict()``
-        (which returns once the coordinator recorded it). ``view_kwargs``: the read
-        arguments of :meth:`StreamingDataset.from_coordinator` (``columns``,
-        ``transform``, ``reader``, ``read_batch_size``...), applied to every source.
+        ``Coordinator.create`` over a list of :class:`Source`): each source's view takes
+        its splits from the source's coordinator; the view starts from the latest sealed
+        step (a new world size resizes the run) and sends its state every ``every_batches``
+        global steps of the ``report_policy``, at each phase's end and new epoch, and at
+        every ``state_dict()`` (which returns once the coordinator recorded it).
+        ``view_kwargs``: :meth:`StreamingDataset.from_coordinator`'s read arguments
+        (``columns``, ``transform``, ``reader``...), applied to every source.
         """
         return attach(cls, name, rank=rank, world_size=world_size, namespace=namespace,
                       **view_kwargs)
@@ -291,7 +289,8 @@ class MixtureDataset(MixtureReading, IterableDataset):
             self._meta, epoch=self._epoch, world_size=ws, rank=None if ws == 1 else self._rank,
             step=self._step, end=self._end, global_step=self._global_step,
             passes=self._passes, whole=self._whole,
-            sources=[v.state_dict() for v in self._views],
+            sources=[v.state_dict() if self._pack is None or ws == 1 else
+                     rank_own(v.state_dict(), self._rank, ws) for v in self._views],
             **({} if self._pack is None else {PACK_KEY: {
                 **self._pack, "world_size": ws, "carries": {
                     str(self._rank): self._packer.carry()}}}))
