@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..plan.sources import DEFAULT_NAMESPACE, CoordinatorPlans, find_coordinator, ray_is_up
+from ..plan.sources import (
+    DEFAULT_NAMESPACE,
+    CoordinatorPlans,
+    find_coordinator,
+    find_in_process,
+    ray_is_up,
+)
 from ..state.mixture import MixtureRun
 from ..state.reporting import ReportPolicy
 from ..topology import Topology
@@ -37,17 +43,6 @@ def _ray() -> Any:
     return ray
 
 
-def _find(address: tuple[str, str], what: str) -> Any:
-    """The actor handle of the coordinator at ``address`` (name, namespace), found in this
-    process: a DataLoader worker is not connected to Ray, so handles never travel to one."""
-    if not ray_is_up():
-        raise RuntimeError(
-            f"this process (a DataLoader worker?) needs the coordinator {address[0]!r} for "
-            f"{what} but is not connected to Ray; read the attached mixture with "
-            "num_workers=0")
-    return find_coordinator(*address)
-
-
 class SourcePlans(CoordinatorPlans):
     """The plan source of one source's view in an attached mixture: its part of each pass's
     plan, and the stale check, come from the source's coordinator. Its progress is part of
@@ -55,34 +50,13 @@ class SourcePlans(CoordinatorPlans):
     pass (``set_epoch``) stays the view's own: ranks enter passes at their own pace."""
 
     wants_reports = False
-    _address: tuple[str, str]
-    _handle: Any = None
 
     @classmethod
-    def of(cls, attached: CoordinatorPlans, name: str, namespace: str) -> SourcePlans:
-        """The same attachment (handle, generation watch) without the reports."""
-        plans = cls(attached.handle, attached.policy)
-        plans.__setstate__(attached.__getstate__())
-        plans._address = (name, namespace)
+    def of(cls, attached: CoordinatorPlans) -> SourcePlans:
+        """The same attachment (handle, address, generation watch) without the reports."""
+        plans = cls(attached.handle, attached.policy, attached.address)
+        plans._watch, plans._world_size = attached._watch, attached._world_size
         return plans
-
-    @property  # type: ignore[override]
-    def handle(self) -> Any:
-        if self._handle is None:
-            self._handle = _find(self._address, "a source's plan")
-        return self._handle
-
-    @handle.setter
-    def handle(self, value: Any) -> None:
-        self._handle = value
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "handle": None, "address": self._address}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        if "address" in state:
-            self._address = state["address"]
 
     def report(self, report: Any, *, final: bool = False) -> None:
         return None
@@ -101,7 +75,7 @@ class MixtureLink:
     def __init__(self, address: tuple[str, str], run: MixtureRun, policy: ReportPolicy,
                  handle: Any = None):
         self.address, self.run, self.policy = address, run, policy
-        self._handle = handle  # found again where it is used (see _find)
+        self._handle = handle  # found again where it is used (see find_in_process)
         self._in_flight: deque[Any] = deque()
 
     @classmethod
@@ -117,7 +91,7 @@ class MixtureLink:
     @property
     def handle(self) -> Any:
         if self._handle is None:
-            self._handle = _find(self.address, "the mixture's progress")
+            self._handle = find_in_process(self.address, "the mixture's progress")
         return self._handle
 
     def start(self, topology: Topology) -> tuple[dict[str, Any] | None, int]:
@@ -177,7 +151,7 @@ def attach(cls: Any, name: str, *, rank: int, world_size: int,
     def view(source: str) -> StreamingDataset:
         v = StreamingDataset.from_coordinator(source, rank=rank, world_size=world_size,
                                               namespace=namespace, **view_kwargs)
-        v._plans = SourcePlans.of(v._plans, source, namespace)  # type: ignore[arg-type]
+        v._plans = SourcePlans.of(v._plans)  # type: ignore[arg-type]
         return v
 
     sources: Sequence[str] = link.run.sources
