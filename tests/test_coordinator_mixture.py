@@ -184,7 +184,9 @@ def test_a_checkpoint_loads_into_the_coordinator_and_other_states_are_refused(ma
 def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, tables,
                                                                    tmp_path):
     sources = [Source(t) for t in tables]
-    for kw in ({"filter": "id > 3"}, {"pack_sequences": 16, "columns": ["id"]}):
+    for kw in ({"filter": "id > 3"}, {"columns": ["id"]},
+               {"pack_sequences": 16, "eos_id": 1, "pad_id": 0, "columns": ["tokens"],
+                "blocks_per_epoch": 4}):
         with pytest.raises(ValueError, match="a mixture coordinator does not take"):
             Coordinator.create(sources, "mix_refused", storage_path=str(tmp_path),
                                world_size=1, **kw)
@@ -249,3 +251,45 @@ def test_a_loader_over_an_attached_view_gives_its_batches_with_any_workers(
         loader = lance_ray.StreamingDataLoader(view, GLOBAL_BATCH, num_workers=workers)
         assert step([iter(loader)]) == expected
         assert loader.state_dict() == coord.state_dict()  # every step sealed on one rank
+
+
+@pytest.fixture(scope="module")
+def token_tables(tmp_path_factory):
+    """Two token tables; source s, document k: ``[2 + 100 s + k] * (1 + k % 5)``."""
+    import lancedb
+    import pyarrow as pa
+
+    db = lancedb.connect(str(tmp_path_factory.mktemp("mix_tokens")))
+    return [db.create_table(f"d{s}", pa.table({"tokens": pa.array(
+        [[2 + 100 * s + k] * (1 + k % 5) for k in range(n)], pa.list_(pa.int32()))}))
+        for s, n in enumerate((60, 40))]
+
+
+def test_a_packed_mixture_over_the_coordinator_packs_and_resizes_as_the_checkpoint_route(
+        make, token_tables):
+    pack = {"pack_sequences": 16, "eos_id": 1, "pad_id": 0}
+    coord = make("mix_packed", 2, of=token_tables, columns=["tokens"], **pack)
+    views = [coord.view(r, 2, reader="local") for r in range(2)]
+    ours = [MixtureDataset([Source(t, weight=w) for t, w in zip(token_tables, WEIGHTS)],
+                           num_splits=NUM_SPLITS, shuffle_seed=3, rank=r, world_size=2,
+                           columns=["tokens"], reader="local", **pack) for r in range(2)]
+
+    def blocks(ds, n=None):
+        return [b["input_ids"].tolist() for _, b in zip(range(n or 10**9),
+                                                          ds.iter_batches(2))]
+
+    assert [blocks(v, 3) for v in views] == [blocks(ds, 3) for ds in ours]
+    wait_sealed(coord, 3)
+    assert coord.state_dict() == lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
+    again = [coord.view(r, 2, reader="local") for r in range(2)]  # restarted: each rank
+    assert [blocks(v, 2) for v in again] == [blocks(ds, 2) for ds in ours]  # at its step
+    wait_sealed(coord, 5)
+    merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
+    assert coord.state_dict() == merged  # with every rank's carry
+    coord.resize(1)
+    one = coord.view(0, 1, reader="local")
+    alone = MixtureDataset([Source(t, weight=w) for t, w in zip(token_tables, WEIGHTS)],
+                           num_splits=NUM_SPLITS, shuffle_seed=3, columns=["tokens"],
+                           reader="local", **pack)
+    alone.load_state_dict(merged)
+    assert blocks(one) == blocks(alone)  # the carries first, then the rest, as resumed

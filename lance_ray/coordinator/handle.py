@@ -101,27 +101,30 @@ class Coordinator:
         and version): a coordinator of that ``MixtureDataset`` run (``stop``, default
         ``"first_exhausted"``, as there), whose :meth:`view` is a ``MixtureDataset`` and
         whose states are mixture states (docs/mixing.md). Each source gets its own
-        coordinator (``<name>.source<i>``, its plan and version lease); a mixture reads rows
-        (a packed mixture over a coordinator is not implemented).
+        coordinator (``<name>.source<i>``, its plan and version lease). With
+        ``pack_sequences``, ``eos_id``, ``pad_id`` and ``columns`` (the token column) the
+        mixture's views pack blocks across sources, as a packed ``MixtureDataset``.
         """
         if is_sources(table):
             given = {k for k, v in {"filter": filter, "table_version": table_version,
-                                    "columns": columns, "pack_sequences": pack_sequences,
-                                    "eos_id": eos_id, "pad_id": pad_id,
                                     "blocks_per_epoch": blocks_per_epoch}.items()
                      if v is not None}
-            if given:
+            if given or (columns is not None and pack_sequences is None):
                 raise ValueError(
-                    f"a mixture coordinator does not take {sorted(given)}: give each Source "
-                    "its filter and table_version, pass columns to the views, and read a "
-                    "packed mixture through the checkpoint route (docs/mixing.md)")
+                    f"a mixture coordinator does not take {sorted(given) or ['columns']}: "
+                    "give each Source its filter and table_version, and pass columns to "
+                    "the views (a packed mixture: columns=[token column] with "
+                    "pack_sequences; blocks_per_epoch is not implemented for a mixture)")
+            pack = None if pack_sequences is None else {
+                "pack_sequences": pack_sequences, "eos_id": eos_id, "pad_id": pad_id,
+                "columns": columns}
             return create_mixture(
                 cls, table, name, storage_path=storage_path, world_size=world_size,
                 num_splits=num_splits, stop=stop or "first_exhausted",
                 shuffle_seed=shuffle_seed, epoch=epoch, namespace=namespace,
                 detached=detached, storage_options=storage_options,
                 storage_retry=storage_retry, report_policy=report_policy,
-                actor_options=_ACTOR_OPTIONS, shuffle=shuffle,
+                actor_options=_ACTOR_OPTIONS, pack=pack, shuffle=shuffle,
                 shuffle_clump_size=shuffle_clump_size, plan=plan, lease_version=lease_version)
         if stop is not None:
             raise ValueError("stop is a mixture's argument: pass a list of lance_ray.Source "

@@ -16,7 +16,7 @@ from ..state.mixture import STOPS, MixtureRun, mixture_meta, source_meta
 from ..state.reporting import ReportPolicy
 from ..stream.mixing import integer_weights
 from ..topology import splits_per_rank
-from ..view.mixture import Source
+from ..view.mixture import MixtureDataset, Source
 from .mixture import MixtureCoordinatorActor
 
 
@@ -36,16 +36,21 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
                    shuffle_seed: int | None, epoch: int, namespace: str, detached: bool,
                    storage_options: Any, storage_retry: storage.RetryPolicy | None,
                    report_policy: ReportPolicy | None, actor_options: dict[str, Any],
-                   **plan_kwargs: Any) -> Any:
+                   pack: dict[str, Any] | None = None, **plan_kwargs: Any) -> Any:
     """See ``Coordinator.create`` (``cls``: ``Coordinator``, which imports this module):
     ``plan_kwargs`` are the plan arguments every source shares (``shuffle``,
-    ``shuffle_clump_size``, ``plan``, ``lease_version``)."""
+    ``shuffle_clump_size``, ``plan``, ``lease_version``); ``pack``: a packed run's
+    ``pack_sequences``, ``eos_id``, ``pad_id`` and ``columns``, as ``MixtureDataset``
+    takes them."""
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
     if not is_int(shuffle_seed):
         raise ValueError("a mixture's sources share one plan seed: pass an integer "
                          f"shuffle_seed, got {shuffle_seed!r}")
     weights = integer_weights([s.weight for s in sources])
+    if pack is not None:  # MixtureDataset's own validation: one token column, integer ids
+        columns = pack.pop("columns", None)
+        pack = MixtureDataset._pack_config(dict(pack), columns, None)
     num_splits = world_size if num_splits is None else num_splits
     splits_per_rank(num_splits, world_size)
     policy = report_policy or ReportPolicy()
@@ -67,7 +72,7 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
         meta = mixture_meta([source_meta(t.uri, t.version, s.filter, r) for s, (t, _), r
                              in zip(sources, described, rows)],
                             weights, stop, num_splits, shuffle_seed)
-        run = MixtureRun(tuple(c.name for c in made), epoch, meta)
+        run = MixtureRun(tuple(c.name for c in made), epoch, meta, pack)
         options = {**actor_options, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
         handle: Any = ray.remote(MixtureCoordinatorActor).options(**options).remote(

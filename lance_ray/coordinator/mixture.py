@@ -191,17 +191,26 @@ class MixtureCoordinatorActor:
         run, n = self._run, len(self._sources)
         sources: list[dict[str, Any]] = ray.get([s.initial_state.remote()
                                                  for s in self._sources])
-        return make_mixture_state(run.meta, epoch=run.epoch, world_size=self._world_size,
+        ws = self._world_size
+        # A packed run's ranks start with nothing carried (every rank's carry, so that the
+        # state loads on any world size).
+        packing = {} if run.pack is None else {PACK_KEY: {**run.pack, "world_size": ws,
+                   "carries": {str(r): {"tokens": [], "starts": [], "sources": []}
+                               for r in range(ws)}}}
+        return make_mixture_state(run.meta, epoch=run.epoch, world_size=ws,
                                   rank=None, step=None, end=0, global_step=0,
-                                  passes=[run.epoch] * n, whole=[False] * n, sources=sources)
+                                  passes=[run.epoch] * n, whole=[False] * n, sources=sources,
+                                  **packing)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make ``state`` (a merged checkpoint of this mixture) every view's start."""
         mix = parse_mixture(state)
         check_mixture_compatible(mix, self._run.meta)
-        if PACK_KEY in state:
-            raise ValueError("this is a packed mixture's state; a mixture coordinator reads "
-                             "rows (a packed mixture over a coordinator is not implemented)")
+        if (PACK_KEY in state) != (self._run.pack is not None):
+            raise ValueError("this state is of a " + ("packed" if PACK_KEY in state else
+                             "unpacked") + " mixture, the coordinator's run is not; create "
+                             "the coordinator " + ("with" if PACK_KEY in state else
+                                                   "without") + " pack_sequences")
         if mix["rank"] is not None:
             raise ValueError("the coordinator needs a merged state covering every rank; merge "
                              "the ranks' states with merge_state_dicts() first")

@@ -72,6 +72,7 @@ class MixtureRun:
     sources: tuple[str, ...]
     epoch: int
     meta: dict[str, Any]
+    pack: dict[str, Any] | None = None  # a packed run's packing (MixtureDataset's)
 
 
 def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop: str,

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .dataset import StreamingDataset
 
 # What a mixture's views refuse: a mixture's transform must not drop rows, and packing
-# belongs to the coordinator's run (not implemented for a mixture there).
+# belongs to the coordinator's run.
 REFUSED = ("on_transform_error", "fill_value", "pack_sequences", "eos_id", "pad_id",
            "blocks_per_epoch", "pack_position_ids", "pack_cu_seqlens")
 
@@ -142,9 +142,14 @@ def attach(cls: Any, name: str, *, rank: int, world_size: int,
     refused = sorted(set(REFUSED) & set(view_kwargs))
     if refused:
         raise ValueError(f"a mixture's view does not take {refused}: its transform must not "
-                         "drop rows, and a packed mixture over a coordinator is not "
-                         "implemented (docs/mixing.md)")
+                         "drop rows, and packing belongs to the run (Coordinator.create)")
     link = MixtureLink.connect(name, namespace)
+    pack = link.run.pack
+    # A packed run's sources read their token column, which the mixture packs.
+    if pack is not None and (view_kwargs.get("transform") is not None or view_kwargs.setdefault(
+            "columns", [pack["column"]]) != [pack["column"]]):
+        raise ValueError(f"coordinator {name!r} packs the token column {pack['column']!r}: "
+                         "its views take no columns or transform")
     topology = Topology(rank, world_size)
     state, epoch = link.start(topology)  # resizes the sources' coordinators if needed
 
@@ -160,7 +165,7 @@ def attach(cls: Any, name: str, *, rank: int, world_size: int,
     meta = link.run.meta
     self = cls.__new__(cls)
     IterableDataset.__init__(self)
-    self._pack = None
+    self._pack = pack
     self._setup(views, [s["filter"] for s in meta["sources"]],
                 tuple(s["weight"] for s in meta["sources"]), stop=meta["stop"], rank=rank,
                 world_size=world_size, num_splits=meta["num_splits"],

@@ -385,6 +385,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
             else:
                 batch = {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
                 self._global_step += 1  # a packed batch is a step (its documents were not)
+                self._report_step()
                 yield batch
 
 
