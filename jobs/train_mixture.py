@@ -66,15 +66,21 @@ def make_tables(db: str, rows: int) -> dict[str, int]:
     return versions
 
 
+def sources(db: str, versions: dict[str, int]) -> list[lance_ray.Source]:
+    conn = lancedb.connect(db)
+    return [lance_ray.Source(conn.open_table(name), weight=w, table_version=versions[name])
+            for name, w in SOURCES]
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """``train_loop_per_worker``: runs on every rank, from the top after every restart."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    conn = lancedb.connect(config["db"])
-    ds = lt.get_mixture(
-        [lance_ray.Source(conn.open_table(name), weight=w, table_version=config["versions"][name])
-         for name, w in SOURCES],
-        num_splits=config["num_splits"], shuffle_seed=config["seed"], stop="first_exhausted",
-        columns=["id", "x", "label"])
+    if config.get("coordinator"):  # the coordinator holds the plans and merged progress
+        ds = lt.get_dataset(config["coordinator"], columns=["id", "x", "label"])
+    else:
+        ds = lt.get_mixture(sources(config["db"], config["versions"]),
+                            num_splits=config["num_splits"], shuffle_seed=config["seed"],
+                            stop="first_exhausted", columns=["id", "x", "label"])
     rank, world_size = ds.rank, ds.world_size
     model = torch.nn.Linear(DIM, 4)
     saved = lt.load_model_state()
@@ -115,7 +121,8 @@ def train_loop(config: dict[str, Any]) -> None:
 
 def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
             checkpoint_every: int, crash_at_step: int, stop_at_step: int, seed: int,
-            versions: dict[str, int], name: str = "mixture") -> dict[str, Any]:
+            versions: dict[str, int], name: str = "mixture",
+            coordinator: str | None = None) -> dict[str, Any]:
     """One Ray job of the run: trains until ``stop_at_step`` (0: the epoch's end)."""
     lt.check_world_sizes(workers, num_splits)
     slots = ray.cluster_resources().get("slot", 0)
@@ -125,7 +132,8 @@ def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
                            "num_splits": num_splits, "seed": seed,
                            "global_batch": global_batch, "checkpoint_every": checkpoint_every,
                            "crash_at_step": crash_at_step, "stop_at_step": stop_at_step,
-                           "log_dir": str(workdir / "samples"), "attempt": uuid.uuid4().hex[:8]},
+                           "log_dir": str(workdir / "samples"), "attempt": uuid.uuid4().hex[:8],
+                           "coordinator": coordinator},
         scaling_config=ray.train.ScalingConfig(
             num_workers=workers,
             resources_per_worker={"slot": 1} if slots >= workers else {"CPU": 0.25}),
@@ -203,6 +211,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--crash-at-step", type=int, default=5)
     parser.add_argument("--stop-at-step", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--coordinator", action="store_true",
+                        help="read through a mixture coordinator (Coordinator.create over the "
+                             "sources) instead of the checkpoint route")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(args.workdir).resolve()
@@ -211,14 +222,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if started:
         ray.init(address=os.environ.get("RAY_ADDRESS", "local"), num_cpus=2,
                  resources={"slot": 8}, include_dashboard=False)
+    coord = None
+    if args.coordinator:  # in the driver: it outlives the train workers and their restarts
+        coord = lance_ray.Coordinator.create(
+            sources(str(workdir / "db"), versions), f"train-mixture-{uuid.uuid4().hex[:8]}",
+            storage_path=str(workdir / "coordinator"), world_size=args.workers,
+            num_splits=args.num_splits, shuffle_seed=args.seed, stop="first_exhausted")
     common = {"num_splits": args.num_splits, "global_batch": args.global_batch,
               "checkpoint_every": args.checkpoint_every, "seed": args.seed,
-              "versions": versions}
+              "versions": versions, "coordinator": coord and coord.name}
     run_job(workdir, workers=args.workers, crash_at_step=args.crash_at_step,
             stop_at_step=args.stop_at_step, **common)
     metrics = run_job(workdir, workers=args.then, crash_at_step=-1, stop_at_step=0, **common)
     result = proof(workdir, versions, args.num_splits)
     result["global_step"] = metrics.get("global_step")
+    if coord is not None:
+        result["coordinator_step"] = coord.status()["sealed_step"]
+        coord.release_version()
+        coord.kill()
     print_proof(result)
     if started:
         ray.shutdown()

@@ -45,6 +45,7 @@ from .state.merge import merge_state_dicts
 from .storage import StorageOptionsFactory
 from .topology import valid_world_sizes
 from .view.dataset import StreamingDataset
+from .view.mixture import MixtureDataset
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +130,9 @@ def restored_data_state(merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
 
 
 def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
-                **view_kwargs: Any) -> StreamingDataset:
-    """This worker's view, resumed from the data state of the checkpoint being restored.
+                **view_kwargs: Any) -> StreamingDataset | MixtureDataset:
+    """This worker's view, resumed from the data state of the checkpoint being restored (a
+    ``MixtureDataset`` when the coordinator is a mixture's).
 
     With no checkpoint the run starts the coordinator's epoch from its beginning (a model
     that starts from scratch must see every sample). ``view_kwargs`` go to
@@ -148,7 +150,7 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
         state = coord.initial_state()
     else:
         logger.info("rank %d resumes from the checkpoint's data state at global step %s",
-                    rank, state["lance_ray"]["global_step"])
+                    rank, _global_step(state))  # a mixture coordinator's state too
     _check_ranks_agree(state, rank)
     coord.load_state_dict(state)  # idempotent: every rank restores the same state
     ds = coord.view(rank, world_size, **view_kwargs)
@@ -164,8 +166,6 @@ def get_mixture(sources: list[Any], **mixture_kwargs: Any) -> Any:
     rank and world size come from Ray Train. Checkpoint it with :func:`report` as a view.
     """
     import ray.train
-
-    from .view.mixture import MixtureDataset
 
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()

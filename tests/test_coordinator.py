@@ -213,3 +213,15 @@ def test_status_is_current_within_the_report_interval_when_views_stop(coord_fact
     step_views(local_views(coord, 2), 4)  # the views are dropped with steps still buffered
     status = wait_sealed(coord, 4)
     assert status["report_policy"]["every_s"] == 0.2
+
+
+def test_a_loader_over_a_coordinators_view_reads_with_workers(coord_factory, table_1k):
+    # DataLoader workers are not connected to Ray: the view's coordinator handle travels as
+    # its name and is never needed there (the trainer commits and reports).
+    coord = coord_factory("loader_workers", world_size=1, report_policy=ReportPolicy(
+        every_batches=1))
+    loader = lance_ray.StreamingDataLoader(coord.view(0, 1, reader="local"), GLOBAL_BATCH,
+                                           num_workers=2)
+    got = [b["id"].tolist() for _, b in zip(range(5), loader)]
+    assert got == uninterrupted(table_1k)[:5]
+    assert loader.state_dict() == coord.state_dict()

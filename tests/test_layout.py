@@ -82,7 +82,9 @@ def test_every_import_points_down_the_data_path() -> None:
 # below both. The one edge left is the driver-side handle's ``Coordinator.view()`` convenience,
 # which builds a ``StreamingDataset``; it goes when the handle moves above ``view`` (with the
 # coordinator's client, now ``plan/sources.py``).
-COORDINATOR_TO_VIEW_ALLOWED = {("coordinator.handle", "view.dataset")}
+COORDINATOR_TO_VIEW_ALLOWED = {("coordinator.handle", "view.dataset"),
+                               ("coordinator.handle", "view.mixture"),
+                               ("coordinator.mix_handle", "view.mixture")}
 
 
 def test_the_coordinator_imports_nothing_from_the_views() -> None:

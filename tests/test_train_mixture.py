@@ -13,13 +13,18 @@ ray.cloudpickle.register_pickle_by_value(train_mixture)
 
 
 @pytest.mark.slow  # three Ray Train group starts: ~2.5 min on the shared 2-core VM
-def test_mixture_job_crashes_resizes_and_trains_each_source_exactly_once(ray_session, tmp_path):
+@pytest.mark.parametrize("route", ["checkpoints", "coordinator"])
+def test_mixture_job_crashes_resizes_and_trains_each_source_exactly_once(ray_session, tmp_path,
+                                                                         route):
     result = train_mixture.main(["--workdir", str(tmp_path), "--rows", "800", "--workers", "4",
                                  "--then", "2", "--crash-at-step", "5", "--stop-at-step", "8",
-                                 "--checkpoint-every", "3"])
+                                 "--checkpoint-every", "3",
+                                 *(["--coordinator"] if route == "coordinator" else [])])
     # crashed at 5 (resumed from the step-3 checkpoint), stopped at 8, resized to 2 ranks
     assert result["attempts"] == [(4, 0), (4, 3), (2, 8)]
     assert result["exactly_once"], result
     assert result["global_step"] == 20  # 800 rows / 40 per global step
     for s in result["sources"]:
         assert abs(s["observed"] - s["weight"]) < 1e-9  # sizes in proportion: exact mix
+    if route == "coordinator":  # it sealed the last step of the resized run
+        assert result["coordinator_step"] == 20

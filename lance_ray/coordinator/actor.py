@@ -149,6 +149,10 @@ class CoordinatorActor:
         with self._lock:
             return self._table, self._spec.for_epoch(self._ledger.epoch)
 
+    def rows(self) -> int:
+        """The table's rows after the filter (a mixture's state names each source's)."""
+        return self._rows
+
     def _plan(self, epoch: int) -> SplitPlan:
         """Epoch ``epoch``'s plan; the next epoch's then starts building in the background."""
         plan = self._plans.get(epoch)

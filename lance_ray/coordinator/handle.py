@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -14,10 +16,13 @@ from ..plan.remote import is_remote_table
 from ..plan.resolve import resolve_plan
 from ..plan.sources import DEFAULT_NAMESPACE, find_coordinator
 from ..plan.table import StorageOptionsFactory, release_lease, take_lease
+from ..state.mixture import MixtureRun
 from ..state.reporting import ReportPolicy
 from ..topology import splits_per_rank
 from ..view.dataset import StreamingDataset
+from ..view.mixture import MixtureDataset, Source
 from .actor import CoordinatorActor
+from .mix_handle import create_mixture, is_sources
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +33,24 @@ _ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1,
 class Coordinator:
     """Driver-side handle of a coordinator actor."""
 
-    def __init__(self, handle: Any, name: str, namespace: str):
+    def __init__(self, handle: Any, name: str, namespace: str,
+                 sources: list[Coordinator] | None = None):
         self.handle, self.name, self.namespace = handle, name, namespace
+        self._sources = sources  # a mixture's per-source coordinators; None: not asked yet
+
+    @property
+    def sources(self) -> list[Coordinator] | None:
+        """A mixture coordinator's per-source coordinators, in order (None: one table)."""
+        if self._sources is None:
+            run = ray.get(self.handle.describe.remote())
+            self._sources = [Coordinator.get(n, self.namespace) for n in run.sources] \
+                if isinstance(run, MixtureRun) else []
+        return self._sources or None
 
     @classmethod
     def create(
         cls,
-        table: Any,
+        table: Any | Sequence[Source],
         name: str,
         *,
         storage_path: str,
@@ -58,6 +74,7 @@ class Coordinator:
         eos_id: int | None = None,
         pad_id: int | None = None,
         blocks_per_epoch: int | str | None = None,
+        stop: str | None = None,
     ) -> Coordinator:
         """Create the coordinator ``name`` (or attach to the live one of that name).
 
@@ -79,7 +96,39 @@ class Coordinator:
         one token column) make it a packed run, with ``StreamingDataset``'s semantics and
         validation: every attached view packs those blocks, and the coordinator's states are
         the reference's packed format. They belong to the run, so views take them from here.
+
+        ``table`` may be a list of :class:`~lance_ray.Source` (each with its weight, filter
+        and version): a coordinator of that ``MixtureDataset`` run (``stop``, default
+        ``"first_exhausted"``, as there), whose :meth:`view` is a ``MixtureDataset`` and
+        whose states are mixture states (docs/mixing.md). Each source gets its own
+        coordinator (``<name>.source<i>``, its plan and version lease). With
+        ``pack_sequences``, ``eos_id``, ``pad_id`` and ``columns`` (the token column) the
+        mixture's views pack blocks across sources, as a packed ``MixtureDataset``.
         """
+        if is_sources(table):
+            given = {k for k, v in {"filter": filter, "table_version": table_version,
+                                    "blocks_per_epoch": blocks_per_epoch}.items()
+                     if v is not None}
+            if given or (columns is not None and pack_sequences is None):
+                raise ValueError(
+                    f"a mixture coordinator does not take {sorted(given) or ['columns']}: "
+                    "give each Source its filter and table_version, and pass columns to "
+                    "the views (a packed mixture: columns=[token column] with "
+                    "pack_sequences; blocks_per_epoch is not implemented for a mixture)")
+            pack = None if pack_sequences is None else {
+                "pack_sequences": pack_sequences, "eos_id": eos_id, "pad_id": pad_id,
+                "columns": columns}
+            return create_mixture(
+                cls, table, name, storage_path=storage_path, world_size=world_size,
+                num_splits=num_splits, stop=stop or "first_exhausted",
+                shuffle_seed=shuffle_seed, epoch=epoch, namespace=namespace,
+                detached=detached, storage_options=storage_options,
+                storage_retry=storage_retry, report_policy=report_policy,
+                actor_options=_ACTOR_OPTIONS, pack=pack, shuffle=shuffle,
+                shuffle_clump_size=shuffle_clump_size, plan=plan, lease_version=lease_version)
+        if stop is not None:
+            raise ValueError("stop is a mixture's argument: pass a list of lance_ray.Source "
+                             "to create a mixture coordinator")
         if is_remote_table(table):
             raise ValueError(
                 "the coordinator needs a Lance dataset (a local or object-store table), not a "
@@ -121,7 +170,11 @@ class Coordinator:
         return cls(find_coordinator(name, namespace), name, namespace)
 
     def view(self, rank: int, world_size: int, **kwargs: Any) -> Any:
-        """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator."""
+        """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator (a
+        ``MixtureDataset`` for a mixture's)."""
+        if self.sources:
+            return MixtureDataset.from_coordinator(self.name, rank=rank, world_size=world_size,
+                                                   namespace=self.namespace, **kwargs)
         return StreamingDataset.from_coordinator(self.name, rank=rank, world_size=world_size,
                                                  namespace=self.namespace, **kwargs)
 
@@ -147,6 +200,10 @@ class Coordinator:
 
     def release_version(self) -> None:
         """Drop the tag that pins the run's table version (when the run is over)."""
+        if self.sources:
+            for source in self.sources:
+                source.release_version()
+            return
         table, _ = ray.get(self.handle.describe.remote())
         release_lease(table, self.name)
 
@@ -157,4 +214,10 @@ class Coordinator:
         except Exception:  # already dead or unreachable: what it wrote before stays
             logger.warning("coordinator %s did not write its progress before being stopped",
                            self.name, exc_info=True)
+        sources = self._sources
+        if sources is None:  # found by name: ask whether it is a mixture while it answers
+            with contextlib.suppress(Exception):
+                sources = self.sources
         ray.kill(self.handle, no_restart=True)
+        for source in sources or []:  # a mixture's: after the mixture's own write
+            source.kill()

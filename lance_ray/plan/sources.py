@@ -170,6 +170,17 @@ def ray_is_up() -> bool:
     return ray is not None and ray.is_initialized()
 
 
+def find_in_process(address: tuple[str, str], what: str) -> Any:
+    """The handle of the coordinator at ``address`` (name, namespace), found again in this
+    process. Handles travel as names: a DataLoader worker is not connected to Ray and
+    cannot unpickle an actor handle, and it never needs one unless it calls the actor."""
+    if not ray_is_up():
+        raise RuntimeError(
+            f"this process (a DataLoader worker?) needs the coordinator {address[0]!r} for "
+            f"{what} but is not connected to Ray; read the view with num_workers=0")
+    return find_coordinator(*address)
+
+
 def find_coordinator(name: str, namespace: str) -> Any:
     """The handle of the live coordinator actor ``name`` in ``namespace``."""
     try:
@@ -212,17 +223,28 @@ class CoordinatorPlans:
 
     wants_reports = True
 
-    def __init__(self, handle: Any, policy: ReportPolicy | None = None):
-        self.handle = handle
+    def __init__(self, handle: Any, policy: ReportPolicy | None = None,
+                 address: tuple[str, str] | None = None):
+        self._handle, self.address = handle, address  # (name, namespace)
         self.policy = policy or ReportPolicy()
         self._reporter = Reporter(_ActorChannel(handle), self.policy)
         self._watch: GenerationWatch | None = None  # set when the view attaches
         self._world_size: int | None = None
 
+    @property
+    def handle(self) -> Any:
+        """The coordinator's actor handle (found by name where the view was unpickled)."""
+        if self._handle is None:
+            assert self.address is not None, "a CoordinatorPlans has a handle or an address"
+            self._handle = find_in_process(self.address, "its plan or progress")
+            self._reporter = Reporter(_ActorChannel(self._handle), self.policy)
+        return self._handle
+
     @classmethod
     def connect(cls, name: str, namespace: str) -> CoordinatorPlans:
         handle = find_coordinator(name, namespace)
-        return cls(handle, ReportPolicy(**_ray().get(handle.report_policy.remote())))
+        return cls(handle, ReportPolicy(**_ray().get(handle.report_policy.remote())),
+                   (name, namespace))
 
     def describe(self) -> tuple[TableRef, PlanSpec]:
         return _ray().get(self.handle.describe.remote())
@@ -260,20 +282,26 @@ class CoordinatorPlans:
         return _ray().get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
 
     def report(self, report: lg.RankReport, *, final: bool = False) -> None:
+        if self._handle is None:
+            self.handle  # noqa: B018 -- found now, with its reporter
         self._reporter.add(report, final=final)
 
     def flush(self, *, wait: bool = True) -> None:
-        """Send the buffered reports; with ``wait``, until every report is acknowledged."""
-        self._reporter.flush(wait=wait)
+        """Send the buffered reports; with ``wait``, until every report is acknowledged
+        (nothing to do before the handle is found: nothing was reported)."""
+        if self._handle is not None:
+            self._reporter.flush(wait=wait)
 
     def set_epoch(self, epoch: int) -> None:
-        self._reporter.flush(wait=True)  # the old epoch's last steps seal before it ends
+        self.flush(wait=True)  # the old epoch's last steps seal before it ends
         _ray().get(self.handle.set_epoch.remote(epoch))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"handle": self.handle, "policy": self.policy, "watch": self._watch,
-                "world_size": self._world_size}
+        # With an address the handle travels as its name (see find_in_process).
+        return {"handle": None if self.address else self._handle, "address": self.address,
+                "policy": self.policy, "watch": self._watch, "world_size": self._world_size}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["handle"], state["policy"])  # type: ignore[misc]
+        self.__init__(state["handle"], state["policy"],  # type: ignore[misc]
+                      state.get("address"))
         self._watch, self._world_size = state.get("watch"), state.get("world_size")

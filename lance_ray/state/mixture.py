@@ -13,11 +13,12 @@ per source, its pass and whether it was already read whole in this mixture epoch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..checks import is_int
 from ..topology import rank_splits
-from .format import parse_state
+from .format import EXTRA_KEY, parse_state
 
 MIX_KEY = "lance_ray_mixture"
 PACK_KEY = "pack"  # a packed mixture's packing and every rank's carry
@@ -53,6 +54,25 @@ def make_mixture_state(meta: dict[str, Any], *, epoch: int, world_size: int, ran
                       "global_step": global_step, "passes": [int(p) for p in passes],
                       "read_whole": [bool(w) for w in whole]},
             "sources": sources}
+
+
+def source_meta(uri: str, table_version: int, filter: str | None, rows: int) -> dict[str, Any]:
+    """What identifies one source in a mixture state: its table's name (the last part of
+    its URI, so a moved table still loads), version, filter and rows after the filter."""
+    return {"table": uri.rstrip("/").rsplit("/", 1)[-1], "table_version": table_version,
+            "filter": filter, "rows": rows}
+
+
+@dataclass(frozen=True)
+class MixtureRun:
+    """A coordinator's mixture: the coordinators of its sources (one per source, in the
+    mixture's order; each holds that source's plan), the epoch it was created for, and the
+    mixture's :func:`mixture_meta`, which every state of the run carries."""
+
+    sources: tuple[str, ...]
+    epoch: int
+    meta: dict[str, Any]
+    pack: dict[str, Any] | None = None  # a packed run's packing (MixtureDataset's)
 
 
 def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop: str,
@@ -192,3 +212,26 @@ def remaining_per_rank(source_state: dict, world_size: int) -> list[int]:
     num_splits = source_state["num_splits"]
     return [sum(split_len - progress.samples[s] for s in rank_splits(r, world_size, num_splits))
             for r in range(world_size)]
+
+
+def rank_own(source_state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """A source view's state as rank ``rank``'s own: its splits exact, the others at zero
+    (a lower bound, which a merge takes from their owners).
+
+    A packed mixture's ranks read different numbers of documents of a source, so a source
+    view's lockstep state (every split derived as if all ranks had read what this one did)
+    would claim wrong progress for the other ranks' splits, and the merge would refuse it.
+    """
+    extra = source_state[EXTRA_KEY]
+    if not extra.get("lockstep"):
+        return source_state
+    owned = rank_splits(rank, world_size, source_state["num_splits"])
+    mine = set(owned)
+
+    def own(key: str) -> list[int]:
+        return [v if k in mine else 0 for k, v in enumerate(source_state[key])]
+
+    extra = {k: v for k, v in extra.items() if k != "lockstep"}
+    return {**source_state, "samples_consumed_per_split": own("samples_consumed_per_split"),
+            "positions_consumed_per_split": own("positions_consumed_per_split"),
+            EXTRA_KEY: {**extra, "rank": rank, "owned_splits": owned}}

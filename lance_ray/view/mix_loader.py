@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..checks import positive_int
+from ..plan.splits import SplitPlan
 from ..read.batching import Batch, assemble, requests_for
 from ..read.requests import NO_COST, ReadCost
 from ..stream.order import RankStream, stream_for
@@ -48,6 +49,20 @@ def read_ranges(view: StreamingDataset, stream: RankStream, ranges: list[tuple[i
     return assemble((reads.resolved(stream, c) for c in chunks), wanted)
 
 
+def later_passes(mix: MixtureDataset, plan: list[MixBatch]) -> dict[tuple[int, int], SplitPlan]:
+    """The plan (its part for the rank's splits) of each source pass after the current one
+    that ``plan``'s batches reach (under ``all_exhausted``), keyed by (source, pass)."""
+    out: dict[tuple[int, int], SplitPlan] = {}
+    for mb in plan:
+        for i, segments in enumerate(mb.segments):
+            for pass_no, _, _ in segments:
+                if pass_no != mix._passes[i] and (i, pass_no) not in out:
+                    view = mix._views[i]
+                    out[(i, pass_no)] = view._plans.part(view._spec.for_epoch(pass_no),
+                                                         view._owned)
+    return out
+
+
 class _MixtureBatches(TravelsByValue, IterableDataset):
     """What each worker iterates: its share of the planned batches, read and collated."""
 
@@ -57,6 +72,9 @@ class _MixtureBatches(TravelsByValue, IterableDataset):
         self.mixture: MixtureDataset | None = None
         self.plan: list[MixBatch] = []
         self.streams: list[RankStream] = []
+        # The plans of the later source passes the batches reach: got once by the trainer
+        # (an attached mixture's workers cannot ask its coordinators), for every worker.
+        self.later: dict[tuple[int, int], SplitPlan] = {}
 
     def __iter__(self) -> Iterator[_Made]:
         info = get_worker_info()
@@ -79,7 +97,7 @@ class _MixtureBatches(TravelsByValue, IterableDataset):
                 stream = self.streams[i]
                 if pass_no != first[i]:  # a later pass of the source: its plan, from 0
                     spec = view._spec.for_epoch(pass_no)
-                    view._install_plan(spec, view._plans.part(spec, view._owned))
+                    view._install_plan(spec, self.later[(i, pass_no)])
                     zeros = [0] * view.num_splits
                     stream = stream_for(view._owned, zeros, zeros, view._plan.split_len)
                 readers[(i, pass_no)] = read_ranges(view, stream, ranges[(i, pass_no)],
@@ -144,11 +162,12 @@ class MixtureDataLoader(DataLoader):
         generation, passes = mix._begin(lease)
         plan = self._source.plan = list(mix._plan(self._batch_size_samples))
         self._source.streams = [p.stream for p in passes]
+        self._source.later = later_passes(mix, plan)
         self._source.mixture = mix  # pickled into the workers started below
         try:
             inner = super().__iter__()
         finally:
-            self._source.mixture, self._source.plan = None, []
+            self._source.mixture, self._source.plan, self._source.later = None, [], {}
         try:
             for expected, (made, wait_s) in enumerate(timed(inner)):
                 if made.number != expected:

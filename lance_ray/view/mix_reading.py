@@ -150,11 +150,15 @@ class MixtureReading:
         self._step += n
         self._global_step += batches
         self._loaded = False
-        if self._stop != "all_exhausted" or self._step >= self._end:
-            return
-        for i, left in enumerate(self._left):
-            if left == 0:
-                self._enter_pass(i, self._passes[i] + 1)
+        if self._stop == "all_exhausted" and self._step < self._end:
+            for i, left in enumerate(self._left):
+                if left == 0:
+                    self._enter_pass(i, self._passes[i] + 1)
+        if batches:
+            self._report_step()
+
+    def _report_step(self) -> None:  # provided by MixtureDataset
+        raise NotImplementedError
 
     def _enter_pass(self, i: int, pass_no: int) -> None:
         if pass_no == self._passes[i]:

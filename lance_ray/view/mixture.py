@@ -20,6 +20,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks import positive_int
+from ..plan.sources import DEFAULT_NAMESPACE
 from ..plan.splits import check_epoch_seed
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts
@@ -31,12 +32,15 @@ from ..state.mixture import (
     mixture_meta,
     parse_mixture,
     phase_step,
+    rank_own,
     remaining_per_rank,
+    source_meta,
 )
 from ..stream.mixing import Schedule, end_step, integer_weights
 from ..topology import valid_world_sizes
 from .dataset import StreamingDataset
 from .iteration import Lease, leased
+from .mix_attach import MixtureLink, attach
 from .mix_pack import TokenPacker, blocks, carries_for
 from .mix_reading import MixtureReading
 
@@ -90,6 +94,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
 
     merge_state_dicts = staticmethod(merge_state_dicts)
     is_mixture = True  # StreamingDataLoader gives a mixture its own loader
+    _link: MixtureLink | None = None  # the coordinator of an attached view
 
     def __init__(self, sources: Sequence[Source], *, num_splits: int | None = None,
                  shuffle: bool = True, shuffle_seed: int = 0, epoch: int = 0, rank: int = 0,
@@ -121,7 +126,17 @@ class MixtureDataset(MixtureReading, IterableDataset):
 
         # The sources' plans build at once (each mostly waits on its table's scan).
         with ThreadPoolExecutor(len(sources), thread_name_prefix="mixture-plan") as pool:
-            self._views = list(pool.map(view, sources))
+            views = list(pool.map(view, sources))
+        self._setup(views, [s.filter for s in sources], weights, stop=stop, rank=rank,
+                    world_size=world_size, num_splits=num_splits, shuffle_seed=shuffle_seed,
+                    epoch=epoch)
+
+    def _setup(self, views: list[StreamingDataset], filters: list[str | None],
+               weights: tuple[int, ...], *, stop: str, rank: int, world_size: int,
+               num_splits: int, shuffle_seed: int, epoch: int) -> None:
+        """The mixture over one view per source (built here, or attached to a
+        coordinator's sources), at the start of ``epoch``."""
+        self._views = views
         empty = [i for i, v in enumerate(self._views) if len(v) == 0]
         if empty:
             raise ValueError(f"source(s) {empty} give rank {rank} no samples (no rows after "
@@ -130,13 +145,27 @@ class MixtureDataset(MixtureReading, IterableDataset):
         self._schedule = Schedule(weights)
         self._stop, self._rank, self._world_size = stop, rank, world_size
         self._meta = mixture_meta(
-            [{"table": v._table.uri.rstrip("/").rsplit("/", 1)[-1],
-              "table_version": v._table.version, "filter": s.filter,
-              "rows": v._plan.total_rows}
-             for s, v in zip(sources, self._views)],
+            [source_meta(v._table.uri, v._table.version, f, v._plan.total_rows)
+             for f, v in zip(filters, self._views)],
             weights, stop, num_splits, shuffle_seed)
         self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
         self._begin_epoch(epoch)
+
+    @classmethod
+    def from_coordinator(cls, name: str, *, rank: int, world_size: int,
+                         namespace: str = DEFAULT_NAMESPACE, **view_kwargs: Any
+                         ) -> MixtureDataset:
+        """Rank ``rank`` of ``world_size`` of the mixture coordinator ``name`` (made by
+        ``Coordinator.create`` over a list of :class:`Source`): each source's view takes
+        its splits from the source's coordinator; the view starts from the latest sealed
+        step (a new world size resizes the run) and sends its state every ``every_batches``
+        global steps of the ``report_policy``, at each phase's end and new epoch, and at
+        every ``state_dict()`` (which returns once the coordinator recorded it).
+        ``view_kwargs``: :meth:`StreamingDataset.from_coordinator`'s read arguments
+        (``columns``, ``transform``, ``reader``...), applied to every source.
+        """
+        return attach(cls, name, rank=rank, world_size=world_size, namespace=namespace,
+                      **view_kwargs)
 
     @staticmethod
     def _pack_config(kwargs: dict[str, Any], columns: list[str] | None,
@@ -241,13 +270,27 @@ class MixtureDataset(MixtureReading, IterableDataset):
         return self._end
 
     def state_dict(self) -> dict[str, Any]:
-        """This rank's consumer-committed progress as plain, JSON-serialisable data."""
+        """This rank's consumer-committed progress as plain, JSON-serialisable data (an
+        attached view returns it once its coordinator has recorded it)."""
+        state = self._state()
+        if self._link is not None:
+            self._link.report(state, wait=True)
+        return state
+
+    def _report_step(self) -> None:
+        """An attached view sends its state after the global steps every rank sends."""
+        if self._link is not None and self._link.due(self._global_step,
+                                                     self._step >= self._end):
+            self._link.report(self._state())
+
+    def _state(self) -> dict[str, Any]:
         ws = self._world_size
         return make_mixture_state(
             self._meta, epoch=self._epoch, world_size=ws, rank=None if ws == 1 else self._rank,
             step=self._step, end=self._end, global_step=self._global_step,
             passes=self._passes, whole=self._whole,
-            sources=[v.state_dict() for v in self._views],
+            sources=[v.state_dict() if self._pack is None or ws == 1 else
+                     rank_own(v.state_dict(), self._rank, ws) for v in self._views],
             **({} if self._pack is None else {PACK_KEY: {
                 **self._pack, "world_size": ws, "carries": {
                     str(self._rank): self._packer.carry()}}}))
@@ -303,9 +346,13 @@ class MixtureDataset(MixtureReading, IterableDataset):
         if self.samples_remaining and self._step:
             logger.warning("leaving mixture epoch %d with %d samples of rank %d unread",
                            self._epoch, self.samples_remaining, self._rank)
+        if self._link is not None:
+            self._link.set_epoch(epoch)  # may be refused (an older epoch): nothing changed
         for v in self._views:
             _restart(v, epoch)
         self._begin_epoch(epoch)
+        if self._link is not None:  # once every rank is here, restarts begin this epoch
+            self._link.report(self._state())
 
     # ----------------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -338,6 +385,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
             else:
                 batch = {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
                 self._global_step += 1  # a packed batch is a step (its documents were not)
+                self._report_step()
                 yield batch
 
 
