@@ -94,7 +94,7 @@ class PackedView:
         table = open_table(spec)
         kwargs = {**spec.dataset_kwargs(), "rank": rank, "world_size": world_size}
         if reader == "coordinator":  # the run's packing lives in the coordinator actor
-            from lance_ray.coordinator.handle import Coordinator
+            from lance_ray.driver.handle import Coordinator
 
             if coordinator is None:
                 raise ValueError("reader='coordinator' needs the coordinator's name")

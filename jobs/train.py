@@ -32,7 +32,7 @@ from ray.train.torch import TorchTrainer
 import lance_ray.train as lt
 from lance_ray import storage
 from lance_ray.cli import print_status
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.proof.audit import Attempt, SampleLog, new_attempt_id
 from lance_ray.storage import read_json, write_json_atomic
 from lance_ray.view.stats import progress_bar

@@ -138,7 +138,7 @@ def run_spec(args: argparse.Namespace, db_uri: str, run_dir: str) -> dict[str, A
 def packed_coordinator(name: str, run: dict[str, Any], run_dir: str, workers: int) -> Any:
     """The run's coordinator (recovered from its ledger when a later job resumes the run):
     it holds the packing arguments and the merged packed progress of every rank."""
-    from lance_ray.coordinator.handle import Coordinator
+    from lance_ray.driver.handle import Coordinator
 
     spec = PackSpec(**run["pack"])
     return Coordinator.create(

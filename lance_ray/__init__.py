@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "StreamingDataset": "view.dataset",
     "StreamingDataLoader": "view.loader",
-    "Coordinator": "coordinator.handle",
+    "Coordinator": "driver.handle",
     "MixtureDataset": "view.mixture",
     "Source": "view.mixture",
     "ReportPolicy": "state.reporting",

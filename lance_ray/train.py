@@ -38,8 +38,8 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from . import storage
-from .coordinator.handle import Coordinator
-from .plan.sources import DEFAULT_NAMESPACE
+from .coordinator.client import DEFAULT_NAMESPACE
+from .driver.handle import Coordinator
 from .state.jsonio import load_state, save_state
 from .state.merge import merge_state_dicts
 from .storage import StorageOptionsFactory

@@ -34,7 +34,7 @@ import pytest  # noqa: E402
 @contextlib.contextmanager
 def coordinators(table: Any, storage_path: str, **defaults: Any) -> Iterator[Callable[..., Any]]:
     """``make(name, **kw)`` creates coordinators of ``table``; all are stopped at the end."""
-    from lance_ray.coordinator.handle import Coordinator
+    from lance_ray.driver.handle import Coordinator
 
     made = []
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import lance_ray
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.plan import sources
 from lance_ray.plan.background import BackgroundPlans
 from lance_ray.plan.sources import build_part

@@ -285,7 +285,7 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(case, capsys, table_1k,
 
 
 def test_status_of_a_live_coordinator(capsys, ray_session, table_1k, tmp_path):
-    from lance_ray.coordinator.handle import Coordinator
+    from lance_ray.driver.handle import Coordinator
 
     coordinator = Coordinator.create(table_1k, "cli_status", storage_path=str(tmp_path),
                                      world_size=2, num_splits=NUM_SPLITS)

@@ -9,7 +9,7 @@ import ray
 from conftest import coordinators, wait_sealed
 
 import lance_ray
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.proof.verify import compare_steps, coverage
 from lance_ray.state.ledger import StaleReport
 from lance_ray.state.reporting import ReportPolicy

@@ -13,7 +13,7 @@ from test_packing import EOS, PAD, blocks_of, rank_blocks, reference_keys
 
 import lance_ray
 from lance_ray import StreamingDataset
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.topology import valid_world_sizes
 
 NUM_SPLITS, L, PER_SPLIT = 4, 6, 8

@@ -278,7 +278,7 @@ def test_storage_options_on_a_remote_table_are_refused(table):
 
 
 def test_coordinator_and_leases_refuse_a_remote_table_by_name(table, tmp_path):
-    from lance_ray.coordinator.handle import Coordinator
+    from lance_ray.driver.handle import Coordinator
 
     ref = lance_ray.plan.resolve.resolve_table(table)
     with pytest.raises(ValueError, match="remote LanceDB table.*coordinator"):

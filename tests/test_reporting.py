@@ -187,11 +187,11 @@ def test_the_actor_channel_never_starts_ray_to_send_a_report(monkeypatch):
     must fail instead (a stand-in handle records any call)."""
     from types import SimpleNamespace
 
-    from lance_ray.plan import sources
+    from lance_ray.coordinator import client
 
     calls = []
     handle = SimpleNamespace(report_batch=SimpleNamespace(remote=calls.append))
-    monkeypatch.setattr(sources, "ray_is_up", lambda: False)
+    monkeypatch.setattr(client, "ray_is_up", lambda: False)
     with pytest.raises(RuntimeError, match="Ray is not connected"):
-        sources._ActorChannel(handle).send(ReportBatch(0, 1, 0, [1], [[1]], [[1]]))
+        client._ActorChannel(handle).send(ReportBatch(0, 1, 0, [1], [[1]], [[1]]))
     assert not calls

@@ -14,8 +14,8 @@ from test_coordinator import NUM_SPLITS, local_views, step_views, uninterrupted,
 
 import lance_ray
 from lance_ray import storage
-from lance_ray.coordinator.handle import Coordinator
-from lance_ray.plan.sources import DEFAULT_NAMESPACE
+from lance_ray.coordinator.client import DEFAULT_NAMESPACE
+from lance_ray.driver.handle import Coordinator
 from lance_ray.proof.verify import compare_steps, coverage
 from lance_ray.testing.local_s3 import Forwarder
 

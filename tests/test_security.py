@@ -80,7 +80,7 @@ def test_s3_credentials_never_appear_in_objects_states_logs_or_pickles(ray_sessi
     import ray.cloudpickle
     from conftest import write_table
 
-    from lance_ray.coordinator.handle import Coordinator
+    from lance_ray.driver.handle import Coordinator
     from lance_ray.proof.audit import Attempt, SampleLog
 
     table = write_table(f"{s3}/db", 200)

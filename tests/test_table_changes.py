@@ -11,7 +11,7 @@ import pytest
 from conftest import wait_sealed, write_table
 
 import lance_ray
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.proof.verify import coverage
 
 

@@ -36,8 +36,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import ray
 
-from lance_ray.coordinator.handle import Coordinator
-from lance_ray.plan.sources import CoordinatorPlans
+from lance_ray.coordinator.client import CoordinatorPlans
+from lance_ray.driver.handle import Coordinator
 from lance_ray.state.ledger import RankReport
 from lance_ray.state.reporting import ReportPolicy
 from lance_ray.testing.tables import create_table

@@ -50,7 +50,7 @@ import ray
 
 import lance_ray
 from jobs.faults import chaos_report, chaos_trainer
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.proof.verify import CoverageReport, compare_steps, coverage
 from lance_ray.testing.ranks import Rank
 from lance_ray.testing.tables import create_table

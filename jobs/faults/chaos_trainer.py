@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import ray
 
 from jobs import verify as verify_job
-from lance_ray.coordinator.handle import Coordinator
+from lance_ray.driver.handle import Coordinator
 from lance_ray.proof.audit import AttemptLog, read_attempt_logs
 from lance_ray.proof.verify import CoverageReport
 

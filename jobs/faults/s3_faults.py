@@ -121,7 +121,7 @@ def lockstep(views: list, steps: list[list[int]], outage: Outage | None, at_step
 def run_trial(kind: str, reader: str, at_step: int, args, server: LocalS3,
               forwarder: Forwarder, uri: str, full: list[list[int]], n: int) -> Row:
     from lance_ray import storage
-    from lance_ray.coordinator.handle import Coordinator
+    from lance_ray.driver.handle import Coordinator
     from lance_ray.proof.verify import compare_steps, coverage
     from lance_ray.storage import RetryPolicy
 

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from ..plan.sources import DEFAULT_NAMESPACE
+from ..coordinator.client import DEFAULT_NAMESPACE
 from .inspect_state import MAX_TABLE_ROWS, cmd_inspect
 from .merge import cmd_merge
 from .plan import cmd_plan

@@ -40,7 +40,7 @@ def fetch_status(name: str, namespace: str, address: str | None = None) -> dict[
     import ray
     from ray.exceptions import RayError
 
-    from ..coordinator.handle import Coordinator
+    from ..driver.handle import Coordinator
 
     if address:
         _check_reachable(address)

@@ -53,7 +53,7 @@ def _key(state: dict[str, Any]) -> tuple[int, int]:
 
 
 class MixtureCoordinatorActor:
-    """The actor body. Use :class:`~lance_ray.coordinator.handle.Coordinator` to create it
+    """The actor body. Use :class:`~lance_ray.driver.handle.Coordinator` to create it
     (``Coordinator.create`` over a list of ``Source``)."""
 
     def __init__(self, name: str, run: MixtureRun, world_size: int, storage_path: str,

@@ -10,15 +10,10 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import positive_int
+from ..coordinator.client import DEFAULT_NAMESPACE, CoordinatorPlans
 from ..plan import pack_args
 from ..plan.resolve import resolve_plan
-from ..plan.sources import (
-    DEFAULT_NAMESPACE,
-    CoordinatorPlans,
-    LocalPlans,
-    RayTaskPlans,
-    ray_is_up,
-)
+from ..plan.sources import LocalPlans, RayTaskPlans, ray_is_up
 from ..plan.table import StorageOptionsFactory
 from ..read.transform import ErrorPolicy, Transform, make_policy
 from ..state.merge import merge_state_dicts

@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..plan.sources import (
+from ..coordinator.client import (
     DEFAULT_NAMESPACE,
     CoordinatorPlans,
     find_coordinator,
     find_in_process,
-    ray_is_up,
 )
+from ..plan.sources import ray_is_up
 from ..state.mixture import MixtureRun
 from ..state.reporting import ReportPolicy
 from ..topology import Topology

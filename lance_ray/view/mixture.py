@@ -20,7 +20,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks import positive_int
-from ..plan.sources import DEFAULT_NAMESPACE
+from ..coordinator.client import DEFAULT_NAMESPACE
 from ..plan.splits import check_epoch_seed
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts

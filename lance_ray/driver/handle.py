@@ -11,17 +11,17 @@ from typing import Any
 import ray
 
 from .. import storage
+from ..coordinator.actor import CoordinatorActor
+from ..coordinator.client import DEFAULT_NAMESPACE, find_coordinator
 from ..plan.pack_args import pack_options
 from ..plan.remote import is_remote_table
 from ..plan.resolve import resolve_plan
-from ..plan.sources import DEFAULT_NAMESPACE, find_coordinator
 from ..plan.table import StorageOptionsFactory, release_lease, take_lease
 from ..state.mixture import MixtureRun
 from ..state.reporting import ReportPolicy
 from ..topology import splits_per_rank
 from ..view.dataset import StreamingDataset
 from ..view.mixture import MixtureDataset, Source
-from .actor import CoordinatorActor
 from .mix_handle import create_mixture, is_sources
 
 logger = logging.getLogger(__name__)

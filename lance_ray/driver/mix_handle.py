@@ -12,12 +12,12 @@ import ray
 
 from .. import storage
 from ..checks import is_int
+from ..coordinator.mixture import MixtureCoordinatorActor
 from ..state.mixture import STOPS, MixtureRun, mixture_meta, source_meta
 from ..state.reporting import ReportPolicy
 from ..stream.mixing import integer_weights
 from ..topology import splits_per_rank
 from ..view.mixture import MixtureDataset, Source
-from .mixture import MixtureCoordinatorActor
 
 
 def is_sources(data: Any) -> bool:
