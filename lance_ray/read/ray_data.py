@@ -85,9 +85,11 @@ def _datasource_cls() -> type:
         """One read task per planned chunk; each task returns its rows in plan order."""
 
         def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
-                     sizing: ReadSizing | None = None, documents: DocumentReads | None = None):
+                     sizing: ReadSizing | None = None, documents: DocumentReads | None = None,
+                     sorted_rows: bool = False):
             self._table, self._columns, self._chunks = table, columns, chunks
             self._sizing, self._documents = sizing, documents
+            self._sorted_rows = sorted_rows
 
         def _nbytes(self, rows: int) -> int | None:
             sizing = self._sizing
@@ -106,7 +108,7 @@ def _datasource_cls() -> type:
             # for every task (cloudpickle scanning the loaded modules each time), 20% of the
             # trainer's GIL-held samples on 64 KB rows.
             read = functools.partial(_read_block, self._table, self._columns, self._documents,
-                                     chunk)
+                                     chunk, self._sorted_rows)
             meta = BlockMetadata(num_rows=len(chunk.row_ids),
                                  size_bytes=self._nbytes(len(chunk.row_ids)),
                                  exec_stats=None, input_files=None)
@@ -116,17 +118,23 @@ def _datasource_cls() -> type:
 
 
 def _read_block(table: TableRef, columns: list[str] | None, documents: DocumentReads | None,
-                chunk: ChunkRequest) -> Iterator[pa.Table]:
-    """A read task's body: the rows of ``chunk`` as one block, in plan order (arranged by
-    split for packed reads), with their stream positions and the read's cost."""
+                chunk: ChunkRequest, sorted_rows: bool = False) -> Iterator[pa.Table]:
+    """A read task's body: the rows of ``chunk`` as one block, each with its stream position,
+    and the read's cost. The rows are in plan order (arranged by split for packed reads),
+    or with ``sorted_rows`` in the order Lance read them: the consumer then puts them in
+    plan order by their positions, in the one copy its conversion makes anyway."""
     started = time.perf_counter()
-    if documents is None:
-        rows = take_in_order(table, chunk.row_ids, columns)
-    else:
+    seq = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in chunk.spans])
+    if documents is not None:
         got, inverse = take_sorted(table, chunk.row_ids, columns)
         rows = pa.Table.from_batches([documents.arrange(got, inverse, chunk)])
-    seq = pa.array(np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in chunk.spans]))
-    out = rows.append_column(SEQ_COLUMN, seq)
+    elif sorted_rows:
+        rows, inverse = take_sorted(table, chunk.row_ids, columns)
+        if inverse is not None:  # sorted row j is plan row argsort(inverse)[j]
+            seq = seq[np.argsort(inverse)]
+    else:
+        rows = take_in_order(table, chunk.row_ids, columns)
+    out = rows.append_column(SEQ_COLUMN, pa.array(seq))
     cost = (rows.nbytes, time.perf_counter() - started, 0.0)
     for name, value in zip(COST_COLUMNS, cost):
         out = out.append_column(name, _first_row(value, rows.num_rows))
@@ -185,7 +193,7 @@ class RayDataReader:
         import ray.data
 
         source = _datasource_cls()(self.table, self.columns, requests, self.sizing,
-                                   self.documents)
+                                   self.documents, self._sorted_rows(requests))
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:
@@ -204,6 +212,21 @@ class RayDataReader:
             bound_pipeline(ds.context, self._bound)
         return ds
 
+    def _sorted_rows(self, requests: list[ChunkRequest]) -> bool:
+        """Whether read tasks may ship rows in Lance's order: only when the consumer converts
+        them to tensors (the reorder then costs nothing: the conversion's one copy gathers),
+        for plain reads (a transform sees its rows in plan order), and when every block is
+        small enough that Ray Data never slices it (a slice would scatter the positions)."""
+        if not self.as_tensors or self.transform is not None or self.documents is not None:
+            return False
+        sizing = self.sizing
+        if sizing is None or sizing.row_bytes is None:
+            return False
+        from ray.data import DataContext
+
+        most = DataContext.get_current().target_max_block_size
+        return most is None or all(sizing.nbytes(len(r.row_ids)) <= most for r in requests)
+
     def _run_ahead(self, requests: list[ChunkRequest]) -> RunAhead | None:
         """The pipeline's bound (``run_ahead``), by ``scale``'s one rule: a transformed
         pass's from its task shape; a plain pass's from its largest read. None when the
@@ -221,6 +244,10 @@ class RayDataReader:
 
     def _chunk(self, block: pa.Table) -> list[ChunkResult]:
         seq = block.column(SEQ_COLUMN).to_numpy()
+        order = None  # rows shipped in Lance's order (``_sorted_rows``): gathered by position
+        if len(seq) > 1 and not bool(np.all(seq[1:] > seq[:-1])):
+            order = np.argsort(seq, kind="stable")
+            seq = seq[order]
         cuts = np.flatnonzero(np.diff(seq) != 1) + 1
         spans = [(int(seq[a]), int(seq[b - 1]) + 1)
                  for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(seq)])]
@@ -228,10 +255,12 @@ class RayDataReader:
         started = time.perf_counter()
         payload: Any
         data = block.drop_columns(list(INTERNAL_COLUMNS))
-        if self.transform is not None:
-            payload = from_arrow(data)
+        if self.as_tensors and self.transform is None:
+            payload = to_columns(data, order)
         else:
-            payload = to_columns(data) if self.as_tensors else one_batch(data)
+            if order is not None:
+                data = data.take(pa.array(order))
+            payload = one_batch(data) if self.transform is None else from_arrow(data)
         convert_s = time.perf_counter() - started
         return span_results(spans, payload, ReadCost(int(nbytes), float(fetch_s),
                                                      float(transform_s) + convert_s))
