@@ -12,7 +12,7 @@ from test_items import assert_same
 from torch.utils.data import default_collate
 
 import lance_ray
-from lance_ray.read import ray_data
+from lance_ray.read import ray_data, ray_tasks
 from lance_ray.read.items import ItemColumns
 
 KW = {"num_splits": 4, "shuffle_seed": 1}
@@ -149,8 +149,8 @@ def test_ray_reads_ship_lances_order_and_the_consumer_gathers_plan_order(tmp_pat
     # The task's block: rows in ascending address order, each with its plan position.
     ref = ds._table  # the pinned TableRef the read tasks get
     plan_ids = np.array([7, 250, 3, 120, 9], dtype=np.uint64)
-    block = next(ray_data._read_block(ref, ["id"], None,
+    block = next(ray_tasks.read_block(ref, ["id"], None,
                                       ChunkRequest(((10, 15),), plan_ids), True))
-    seq = block.column(ray_data.SEQ_COLUMN).to_numpy()
+    seq = block.column(ray_tasks.SEQ_COLUMN).to_numpy()
     assert block.column("id").to_pylist() == [3, 7, 9, 120, 250]
     assert seq.tolist() == [12, 10, 14, 13, 11]

@@ -85,11 +85,11 @@ def test_read_tasks_pickle_without_cloudpickle(table_1k):
     import pickle
 
     import lance_ray
-    from lance_ray.read.ray_data import _datasource_cls
+    from lance_ray.read.ray_tasks import datasource_cls
 
     pytest.importorskip("ray.data")
     table = lance_ray.StreamingDataset(table_1k, reader="local")._table
-    source = _datasource_cls()(table, ["id"], consecutive_requests([3, 5]))
+    source = datasource_cls()(table, ["id"], consecutive_requests([3, 5]))
     tasks = source.get_read_tasks(1)
     shipped = [pickle.loads(pickle.dumps(t._read_fn)).args[3] for t in tasks]
     assert [c.spans for c in shipped] == [((0, 3),), ((3, 8),)]

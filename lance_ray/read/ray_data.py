@@ -17,7 +17,9 @@ consumer is bounded by ``run_ahead`` (in place of Ray Data's resource reservatio
 blocks received are held within the same budget. (Capping the pipeline's object store
 memory through Ray Data's resource limits was tried and made the first batch much slower.)
 For the tensor batch path each read is converted to ``convert.Columns`` once, off the
-consumer's thread.
+consumer's thread; plain tensor reads arrive in Lance's row order with their stream
+positions, and that one conversion copy gathers them into plan order. What runs in the
+tasks themselves is in ``ray_tasks``.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from ..plan.table import TableRef
 from .ahead import Held, Started, ahead
 from .convert import to_columns
 from .documents import DocumentReads
-from .items import ItemColumns, from_arrow, to_arrow
+from .items import ItemColumns, from_arrow
 from .local import LocalReader
+from .ray_tasks import COST_COLUMNS, INTERNAL_COLUMNS, SEQ_COLUMN, TransformStage, datasource_cls
 from .requests import (
     NO_COST,
     ChunkRequest,
@@ -57,15 +60,11 @@ from .scale import (
     split_rows,
     task_shape,
 )
-from .take import one_batch, take_in_order, take_sorted
-from .transform import TransformPolicy, portable_items
+from .take import one_batch
+from .transform import TransformPolicy
 
 logger = logging.getLogger(__name__)
 
-SEQ_COLUMN = "__lance_ray_seq"
-# A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
-COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
-INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
 # The reads a pipeline's consumer makes itself while Ray Data starts (``local_head``): at
 # most these bytes and, with a transform, about this much of the consumer's time (a warm
 # pipeline can take seconds to its first block).
@@ -75,94 +74,6 @@ LOCAL_HEAD_SECONDS = 1.0
 # few, since the consumer waits for them (a whole read of a slow transform was seconds of
 # the consumer's time before any task ran).
 TIMING_ROWS = 64
-
-
-def _datasource_cls() -> type:
-    from ray.data.block import BlockMetadata
-    from ray.data.datasource import Datasource, ReadTask
-
-    class PlannedTakeDatasource(Datasource):
-        """One read task per planned chunk; each task returns its rows in plan order."""
-
-        def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
-                     sizing: ReadSizing | None = None, documents: DocumentReads | None = None,
-                     sorted_rows: bool = False):
-            self._table, self._columns, self._chunks = table, columns, chunks
-            self._sizing, self._documents = sizing, documents
-            self._sorted_rows = sorted_rows
-
-        def _nbytes(self, rows: int) -> int | None:
-            sizing = self._sizing
-            return None if sizing is None or sizing.row_bytes is None else sizing.nbytes(rows)
-
-        def estimate_inmemory_data_size(self) -> int | None:
-            return self._nbytes(sum(len(c.row_ids) for c in self._chunks))
-
-        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                           data_context: Any = None) -> list[ReadTask]:
-            # The plan, not Ray's parallelism hint, decides the tasks: one chunk each.
-            return [self._task(c) for c in self._chunks]
-
-        def _task(self, chunk: ChunkRequest) -> ReadTask:
-            # A module-level function, pickled by reference: a closure was pickled by value
-            # for every task (cloudpickle scanning the loaded modules each time), 20% of the
-            # trainer's GIL-held samples on 64 KB rows.
-            read = functools.partial(_read_block, self._table, self._columns, self._documents,
-                                     chunk, self._sorted_rows)
-            meta = BlockMetadata(num_rows=len(chunk.row_ids),
-                                 size_bytes=self._nbytes(len(chunk.row_ids)),
-                                 exec_stats=None, input_files=None)
-            return ReadTask(read, meta)
-
-    return PlannedTakeDatasource
-
-
-def _read_block(table: TableRef, columns: list[str] | None, documents: DocumentReads | None,
-                chunk: ChunkRequest, sorted_rows: bool = False) -> Iterator[pa.Table]:
-    """A read task's body: the rows of ``chunk`` as one block, each with its stream position,
-    and the read's cost. The rows are in plan order (arranged by split for packed reads),
-    or with ``sorted_rows`` in the order Lance read them: the consumer then puts them in
-    plan order by their positions, in the one copy its conversion makes anyway."""
-    started = time.perf_counter()
-    seq = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in chunk.spans])
-    if documents is not None:
-        got, inverse = take_sorted(table, chunk.row_ids, columns)
-        rows = pa.Table.from_batches([documents.arrange(got, inverse, chunk)])
-    elif sorted_rows:
-        rows, inverse = take_sorted(table, chunk.row_ids, columns)
-        if inverse is not None:  # sorted row j is plan row argsort(inverse)[j]
-            seq = seq[np.argsort(inverse)]
-    else:
-        rows = take_in_order(table, chunk.row_ids, columns)
-    out = rows.append_column(SEQ_COLUMN, pa.array(seq))
-    cost = (rows.nbytes, time.perf_counter() - started, 0.0)
-    for name, value in zip(COST_COLUMNS, cost):
-        out = out.append_column(name, _first_row(value, rows.num_rows))
-    yield out
-
-
-class _TransformStage:
-    """The ``map_batches`` function: the user's transform, its items as Arrow columns (one
-    stacked tensor per leaf, see ``items``), or one pickle per row when they have no
-    tensor form."""
-
-    def __init__(self, transform: TransformPolicy):
-        self.transform = transform
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        batch = one_batch(table.drop_columns(list(INTERNAL_COLUMNS)))
-        started = time.perf_counter()
-        payload, why = self.transform.columns(batch)
-        if isinstance(payload, list):
-            # Failures travel as data (Ray would wrap a raised exception and lose its type).
-            payload = portable_items(payload)
-        out = to_arrow(payload, why)
-        spent = _first_row(time.perf_counter() - started, batch.num_rows).to_numpy()
-        for name in INTERNAL_COLUMNS:
-            col = table.column(name).to_numpy()
-            out = out.append_column(name, pa.array(col + spent if name == COST_COLUMNS[2]
-                                                   else col))
-        return out
 
 
 class RayDataReader:
@@ -192,7 +103,7 @@ class RayDataReader:
         """The lazy Ray ``Dataset`` that yields ``requests`` in order."""
         import ray.data
 
-        source = _datasource_cls()(self.table, self.columns, requests, self.sizing,
+        source = datasource_cls()(self.table, self.columns, requests, self.sizing,
                                    self.documents, self._sorted_rows(requests))
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
@@ -201,7 +112,7 @@ class RayDataReader:
 
             # The same remote args as the reads: the stage fuses with them into one task,
             # placed where ray_remote_args say (e.g. on CPU-only nodes).
-            ds = ds.map_batches(_TransformStage(self.transform), batch_format="pyarrow",
+            ds = ds.map_batches(TransformStage(self.transform), batch_format="pyarrow",
                                 batch_size=None, zero_copy_batch=True,
                                 compute=TaskPoolStrategy(size=self.transform_tasks),
                                 **self.ray_remote_args)
@@ -414,12 +325,3 @@ def _close_open_pipelines() -> None:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
-
-
-def _first_row(value: float, rows: int) -> pa.Array:
-    """``value`` on the first of ``rows`` rows, zeros after it."""
-    out = np.zeros(rows, dtype=np.float64)
-    if rows:
-        out[0] = value
-    return pa.array(out)
-
