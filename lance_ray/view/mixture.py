@@ -139,7 +139,6 @@ class MixtureDataset(IterableDataset):
             raise ValueError(f"source(s) {empty} give rank {rank} no samples (no rows after "
                              f"the filter, or fewer than num_splits={num_splits}); remove them "
                              "or lower num_splits")
-        self._rank, self._world_size = rank, world_size
         self._pack, self._link = pack, link  # link: the coordinator of an attached view
         self._meta = mixture_meta(
             [source_meta(v._table.uri, v._table.version, f, v._plan.total_rows)
@@ -225,11 +224,11 @@ class MixtureDataset(IterableDataset):
 
     @property
     def rank(self) -> int:
-        return self._rank
+        return self._progress.rank
 
     @property
     def world_size(self) -> int:
-        return self._world_size
+        return self._progress.world_size
 
     @property
     def epoch(self) -> int:
@@ -275,16 +274,16 @@ class MixtureDataset(IterableDataset):
             self._link.report(self._state())
 
     def _state(self) -> dict[str, Any]:
-        ws, run = self._world_size, self._progress
+        ws, run = self.world_size, self._progress
         return make_mixture_state(
-            self._meta, epoch=run.epoch, world_size=ws, rank=None if ws == 1 else self._rank,
+            self._meta, epoch=run.epoch, world_size=ws, rank=None if ws == 1 else self.rank,
             step=run.step, end=run.end, global_step=run.global_step,
             passes=run.passes, whole=run.whole,
             sources=[v.state_dict() if self._pack is None or ws == 1 else
-                     rank_own(v.state_dict(), self._rank, ws) for v in run.views],
+                     rank_own(v.state_dict(), self.rank, ws) for v in run.views],
             **({} if self._pack is None else {PACK_KEY: {
                 **self._pack, "world_size": ws, "carries": {
-                    str(self._rank): self._packer.carry()}}}))
+                    str(self.rank): self._packer.carry()}}}))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
@@ -295,7 +294,7 @@ class MixtureDataset(IterableDataset):
                              "unpacked") + " mixture; construct the MixtureDataset " +
                              ("with" if PACK_KEY in state else "without") + " pack_sequences")
         carries = None if self._pack is None else carries_for(
-            state[PACK_KEY], self._pack, self._rank, self._world_size)
+            state[PACK_KEY], self._pack, self.rank, self.world_size)
         subs, views = state["sources"], self._progress.views
         before = [(v._spec.epoch, v.state_dict()) for v in views]
         try:
@@ -305,8 +304,8 @@ class MixtureDataset(IterableDataset):
             self._progress.resume(
                 epoch=mix["epoch"], passes=mix["passes"], whole=mix["read_whole"],
                 global_step=mix["global_step"], end=mix["end"],
-                step=phase_step(state, self._rank, self._world_size),
-                remaining=[remaining_per_rank(v.state_dict(), self._world_size)
+                step=phase_step(state, self.rank, self.world_size),
+                remaining=[remaining_per_rank(v.state_dict(), self.world_size)
                            for v in views])
         except Exception:
             for view, (epoch, sub) in zip(views, before):
@@ -325,7 +324,7 @@ class MixtureDataset(IterableDataset):
             return
         if self.samples_remaining and run.step:
             logger.warning("leaving mixture epoch %d with %d samples of rank %d unread",
-                           run.epoch, self.samples_remaining, self._rank)
+                           run.epoch, self.samples_remaining, self.rank)
         if self._link is not None:
             self._link.set_epoch(epoch)  # may be refused (an older epoch): nothing changed
         for v in run.views:
