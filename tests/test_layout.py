@@ -110,6 +110,21 @@ def test_the_dataset_is_one_facade_over_one_iteration_object_per_mode() -> None:
     assert ours == ["ViewCore"]
 
 
+def test_the_mixture_holds_its_progress_in_one_object_not_in_a_mixin() -> None:
+    # Its progress, reading and committing live in one MixProgress (view/mix_reading.py).
+    from lance_ray.view.mixture import MixtureDataset
+
+    ours = [b for b in MixtureDataset.__bases__ if b.__module__.split(".")[0] == "lance_ray"]
+    assert ours == []
+
+
+def test_no_method_is_a_stub_that_another_class_provides() -> None:
+    # A mixin's "provided by" stubs declare what its host defines: state held twice.
+    stubs = {_module(p): n for p in PACKAGE.rglob("*.py")
+             if (n := p.read_text().lower().count("provided by"))}
+    assert stubs == {}
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     cycles = []
 

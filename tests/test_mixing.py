@@ -102,13 +102,13 @@ def test_first_exhausted_never_repeats_and_ends_on_every_rank_at_one_step(
     exhausted = False
     for rank in range(world_size):
         ds = mixture(tables, weights, rank=rank, world_size=world_size)
-        per_source = [len(v) for v in ds._views]
+        per_source = [len(v) for v in ds.sources]
         got = flat(run(ds, batch_size))
         lengths.add(len(got))
         everything += got
         counts = Counter(s for s, _ in got)
         exhausted |= any(counts[i] == n for i, n in enumerate(per_source))
-        nxt = int(ds._schedule.sources(len(got), len(got) + 1)[0])
+        nxt = int(ds.progress.schedule.sources(len(got), len(got) + 1)[0])
         assert counts[nxt] == per_source[nxt]  # the next step's source has run dry
     assert len(lengths) == 1
     assert len(everything) == len(set(everything))
@@ -123,7 +123,7 @@ def test_all_exhausted_reads_every_source_whole_and_repeats_only_after_that(
     lengths = set()
     for rank in range(world_size):
         ds = mixture(tables, weights, rank=rank, world_size=world_size, stop="all_exhausted")
-        per_source = [len(v) for v in ds._views]
+        per_source = [len(v) for v in ds.sources]
         got = flat(run(ds, batch_size))
         lengths.add(len(got))
         for i, n in enumerate(per_source):
@@ -198,7 +198,7 @@ def test_merged_states_resume_on_any_world_size_each_remaining_sample_once(
            for r in range(new_ws)]
     if not resumed_on(new, merged, stop):
         return
-    left = [list(ds._left) for ds in new]
+    left = [ds.progress.left for ds in new]
     restarted = phase_step(merged, 0, new_ws) is None  # else the same group goes on
     after = [flat(run(ds, batch_size)) for ds in new]
     assert len({len(a) for a in after}) == 1  # every rank ends at one step
@@ -218,7 +218,7 @@ def test_merged_states_resume_on_any_world_size_each_remaining_sample_once(
             now += [x for s, x in got if s == i][:left[r][i]]
         together = done + now
         assert len(together) == len(set(together))
-        per_pass = new[0]._views[i]._plan.split_len * new[0]._views[i].num_splits
+        per_pass = new[0].sources[i]._plan.split_len * new[0].sources[i].num_splits
         if stop == "all_exhausted" and not merged["lance_ray_mixture"]["read_whole"][i]:
             assert len(together) == per_pass  # a source not yet read whole: all of it
 
@@ -243,7 +243,7 @@ def test_states_of_another_mixture_are_refused_naming_the_fix(table_factory):
             other.load_state_dict(state)
         assert other.state_dict() == fresh  # nothing changed
     with pytest.raises(ValueError, match="single table"):
-        ds.load_state_dict(ds._views[0].state_dict())
+        ds.load_state_dict(ds.sources[0].state_dict())
 
 
 def test_states_save_and_load_as_json_files(table_factory, tmp_path):
@@ -294,7 +294,7 @@ def test_set_epoch_starts_the_mixture_epoch_over_and_the_next_epoch_follows(tabl
     ds = mixture(tables, [1, 1])
     first = flat(run(ds, 8))
     second = flat(run(ds, 8))  # iterating an exhausted epoch starts the next
-    assert first != second and sorted(first) != [] and ds._epoch == 1
+    assert first != second and sorted(first) != [] and ds.epoch == 1
     ds.set_epoch(0)
     assert flat(run(ds, 8)) == first
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..coordinator.client import (
     DEFAULT_NAMESPACE,
@@ -131,12 +131,19 @@ class MixtureLink:
         self.__init__(state["address"], state["run"], state["policy"])  # type: ignore[misc]
 
 
-def attach(cls: Any, name: str, *, rank: int, world_size: int,
-           namespace: str = DEFAULT_NAMESPACE, **view_kwargs: Any) -> Any:
-    """``MixtureDataset.from_coordinator`` (``cls``: ``MixtureDataset``, which imports
-    this module): see there."""
-    from torch.utils.data import IterableDataset
+class Attached(NamedTuple):
+    """What a mixture's view starts from: its sources' views, its coordinator's link, the
+    sealed state (None: the start of the epoch) and the epoch."""
 
+    views: list[StreamingDataset]
+    link: MixtureLink
+    state: dict[str, Any] | None
+    epoch: int
+
+
+def attach(name: str, *, rank: int, world_size: int, namespace: str = DEFAULT_NAMESPACE,
+           **view_kwargs: Any) -> Attached:
+    """What ``MixtureDataset.from_coordinator`` (see there) builds its view over."""
     from .dataset import StreamingDataset
 
     refused = sorted(set(REFUSED) & set(view_kwargs))
@@ -162,21 +169,4 @@ def attach(cls: Any, name: str, *, rank: int, world_size: int,
     sources: Sequence[str] = link.run.sources
     with ThreadPoolExecutor(len(sources), thread_name_prefix="mixture-attach") as pool:
         views = list(pool.map(view, sources))
-    meta = link.run.meta
-    self = cls.__new__(cls)
-    IterableDataset.__init__(self)
-    self._pack = pack
-    self._setup(views, [s["filter"] for s in meta["sources"]],
-                tuple(s["weight"] for s in meta["sources"]), stop=meta["stop"], rank=rank,
-                world_size=world_size, num_splits=meta["num_splits"],
-                shuffle_seed=meta["shuffle_seed"], epoch=link.run.epoch)
-    if self._meta != meta:
-        raise RuntimeError(f"the views of coordinator {name!r} describe another mixture "
-                           f"({self._meta}) than the coordinator ({meta}); this is a bug in "
-                           "lance_ray")
-    self._link = link
-    if state is not None:
-        self.load_state_dict(state)
-    elif epoch != self.epoch:
-        self.set_epoch(epoch)
-    return self
+    return Attached(views, link, state, epoch)

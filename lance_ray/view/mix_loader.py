@@ -53,11 +53,12 @@ def later_passes(mix: MixtureDataset, plan: list[MixBatch]) -> dict[tuple[int, i
     """The plan (its part for the rank's splits) of each source pass after the current one
     that ``plan``'s batches reach (under ``all_exhausted``), keyed by (source, pass)."""
     out: dict[tuple[int, int], SplitPlan] = {}
+    views, first = mix.sources, mix.progress.passes
     for mb in plan:
         for i, segments in enumerate(mb.segments):
             for pass_no, _, _ in segments:
-                if pass_no != mix._passes[i] and (i, pass_no) not in out:
-                    view = mix._views[i]
+                if pass_no != first[i] and (i, pass_no) not in out:
+                    view = views[i]
                     out[(i, pass_no)] = view._plans.part(view._spec.for_epoch(pass_no),
                                                          view._owned)
     return out
@@ -82,7 +83,7 @@ class _MixtureBatches(TravelsByValue, IterableDataset):
         mix = self.mixture
         assert mix is not None, "the loader sets its mixture before iterating"
         mine = self.plan[worker::workers]
-        first = list(mix._passes)
+        views, first = mix.sources, mix.progress.passes
         ranges: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         for mb in mine:
             for i, segments in enumerate(mb.segments):
@@ -93,7 +94,7 @@ class _MixtureBatches(TravelsByValue, IterableDataset):
 
         def reader(i: int, pass_no: int) -> Iterator[Batch]:
             if (i, pass_no) not in readers:
-                view = mix._views[i]
+                view = views[i]
                 stream = self.streams[i]
                 if pass_no != first[i]:  # a later pass of the source: its plan, from 0
                     spec = view._spec.for_epoch(pass_no)
@@ -130,7 +131,7 @@ class MixtureDataLoader(DataLoader):
         for banned in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(banned):
                 raise ValueError(f"{banned} is not supported: the mixture decides the order")
-        if num_workers and dataset._pack is not None:
+        if num_workers and dataset.packed:
             raise NotImplementedError("a packed mixture reads in the trainer's process: use "
                                       "num_workers=0 (docs/mixing.md)")
         self._source = _MixtureBatches(collate_fn)
@@ -159,8 +160,9 @@ class MixtureDataLoader(DataLoader):
 
     def _run(self, lease: Lease) -> Iterator[Any]:
         mix = self._mixture
-        generation, passes = mix._begin(lease)
-        plan = self._source.plan = list(mix._plan(self._batch_size_samples))
+        run = mix.progress
+        generation, passes = run.begin(lease)
+        plan = self._source.plan = list(run.plan(self._batch_size_samples))
         self._source.streams = [p.stream for p in passes]
         self._source.later = later_passes(mix, plan)
         self._source.mixture = mix  # pickled into the workers started below
@@ -173,15 +175,15 @@ class MixtureDataLoader(DataLoader):
                 if made.number != expected:
                     raise RuntimeError(f"batch {made.number} arrived where batch {expected} "
                                        "was due; refusing to commit out-of-order progress")
-                mix._check_current(generation)
-                mix._commit_batch(plan[expected], made.cost, wait_s)
+                run.check_current(generation)
+                run.commit(plan[expected], made.cost, wait_s)
                 yield made.data
-            mix._ended = generation == mix._generation
+            run.finished(generation)
         finally:
             shutdown = getattr(inner, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-            mix._close_passes()
+            run.close()
 
     def __len__(self) -> int:
         return -(-self._mixture.samples_remaining // self._batch_size_samples)

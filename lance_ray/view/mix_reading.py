@@ -1,9 +1,8 @@
-"""How a :class:`~lance_ray.view.mixture.MixtureDataset` reads: it plans its batches (which
-samples of which source pass), reads each source's pass in order, and commits each batch's
-samples to their sources' views when it hands the batch over (here, or in the trainer's
-process when DataLoader workers read).
-
-A mixin of ``MixtureDataset`` (it uses the mixture's views, schedule and progress).
+"""How a :class:`~lance_ray.view.mixture.MixtureDataset` reads: :class:`MixProgress` is its
+iteration object. It holds the mixture's progress (the step, the phase's end, each source's
+pass and samples left), plans its batches (which samples of which source pass), reads each
+source's pass in order, and commits each batch's samples to their sources' views when the
+batch is handed over (here, or in the trainer's process when DataLoader workers read).
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..read.requests import NO_COST, ReadCost
-from ..stream.mixing import Schedule
+from ..stream.mixing import Schedule, end_step
+from ..topology import valid_world_sizes
 from .iteration import CONCURRENT, Lease
 from .mix_batches import MixBatch, SourceBuffer, mixed_batch, mixed_items, plan_batches
 
@@ -27,40 +27,139 @@ if TYPE_CHECKING:
 logger = logging.getLogger("lance_ray.view.mixture")
 
 
-class MixtureReading:
-    """Reading and committing, for :class:`~lance_ray.view.mixture.MixtureDataset`."""
+class MixProgress:
+    """One rank's progress through a mixture of ``views`` (one per source), and the reading
+    and committing that advance it.
 
-    _views: list[StreamingDataset]
-    _schedule: Schedule
-    _stop: str
-    _rank: int
-    _epoch: int
-    _step: int
-    _end: int
-    _global_step: int
-    _left: list[int]
-    _passes: list[int]
-    _whole: list[bool]
-    _ended: bool
-    _loaded: bool
-    _generation: int
-    _lease: weakref.ref[Iterator[Any]] | None
-    _pass_objs: list[Pass]
+    ``next_epoch(epoch)``: the mixture's ``set_epoch``, called when an iteration starts
+    after this rank read its epoch to the end; ``on_batch()``: called after each committed
+    batch (an attached mixture sends its state to its coordinator there).
+    """
 
-    def set_epoch(self, epoch: int) -> None:  # provided by MixtureDataset
-        raise NotImplementedError
+    def __init__(self, views: list[StreamingDataset], schedule: Schedule, *, stop: str,
+                 rank: int, world_size: int, num_splits: int, epoch: int,
+                 next_epoch: Callable[[int], None], on_batch: Callable[[], None]) -> None:
+        self.views, self.schedule, self.stop = views, schedule, stop
+        self.rank, self.world_size, self.num_splits = rank, world_size, num_splits
+        self._next_epoch, self._on_batch = next_epoch, on_batch
+        self._generation = 0
+        self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
+        self._pass_objs: list[Pass] = []
+        self.begin_epoch(epoch)
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_lease"] = None  # iterators stay in their process
+        return state
+
+    # ----------------------------------------------------------------------- progress
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def step(self) -> int:
+        """Samples this rank delivered in the current phase's steps (from its start)."""
+        return self._step
+
+    @property
+    def end(self) -> int:
+        """The step at which the current phase ends."""
+        return self._end
+
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    @property
+    def passes(self) -> list[int]:
+        """Each source's current pass (its epoch)."""
+        return list(self._passes)
+
+    @property
+    def whole(self) -> list[bool]:
+        """Whether each source was read whole in this mixture epoch."""
+        return list(self._whole)
+
+    @property
+    def left(self) -> list[int]:
+        """Samples this rank has left of each source's current pass."""
+        return list(self._left)
+
+    def at_start_of(self, epoch: int) -> bool:
+        """Whether this is epoch ``epoch``'s start, nothing read."""
+        return epoch == self._epoch and self._step == 0 and self._passes == [epoch] * len(
+            self.views)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Mixture epoch ``epoch`` from its start (the views are at its plans already)."""
+        self._epoch = epoch
+        self._passes = [epoch] * len(self.views)
+        self._whole = [False] * len(self.views)
+        self._global_step = 0
+        self._ended = self._loaded = False
+        self._generation += 1
+        self._start_phase([[len(v)] * self.world_size for v in self.views], step=0)
+
+    def resume(self, *, epoch: int, passes: list[int], whole: list[bool], global_step: int,
+               remaining: list[list[int]], step: int | None, end: int) -> None:
+        """Progress loaded from a state (the views already hold their parts):
+        ``remaining[i][r]``: samples rank ``r`` has left of source ``i``'s pass; ``step``:
+        the phase goes on at ``step`` to ``end`` (None: a new phase starts here, at step 0).
+        Nothing changes if the state is refused."""
+        saved = self._epoch, self._passes, self._whole, self._global_step
+        self._epoch, self._passes = epoch, list(passes)
+        self._whole, self._global_step = list(whole), global_step
+        try:
+            if step is not None:  # the same group: the phase goes on
+                self._start_phase(remaining, step=step, end=end)
+            else:
+                self._start_phase(remaining, step=0)
+        except Exception:
+            self._epoch, self._passes, self._whole, self._global_step = saved
+            raise
+        self._ended = False
+        self._loaded = True  # a state loaded at its epoch's end yields nothing, as a view's
+        self._generation += 1
+
+    def _start_phase(self, remaining: list[list[int]], *, step: int,
+                     end: int | None = None) -> None:
+        """Steps run from ``step``; ``remaining[i][r]``: samples rank ``r`` has left of
+        source ``i``'s pass (known for every rank: an epoch's start or a complete state)."""
+        if end is None:
+            if self.stop == "first_exhausted":
+                fewest = [min(r) for r in remaining]
+                end = end_step(self.schedule, fewest, stop=self.stop, start=step)
+            else:
+                self._check_even(remaining)
+                end = end_step(self.schedule, [r[0] for r in remaining], stop=self.stop,
+                               start=step, whole=self._whole)
+        self._step, self._end = step, end
+        self._left = [r[self.rank] for r in remaining]  # this rank, in the current pass
+
+    def _check_even(self, remaining: list[list[int]]) -> None:
+        uneven = [i for i, r in enumerate(remaining) if len(set(r)) > 1]
+        if uneven:
+            raise ValueError(
+                f"this state leaves the {self.world_size} ranks unequal samples of source(s) "
+                f"{uneven} ({[remaining[i] for i in uneven]}), so under stop='all_exhausted' "
+                "they would start those sources' next passes at different steps; resume on "
+                "the world size the state was saved on, or on one of "
+                f"{valid_world_sizes(self.num_splits)} at which its ranks' shares are equal, "
+                "or use stop='first_exhausted'")
+
+    # ----------------------------------------------------------------------- reading
     def _roll_over(self) -> None:
         """Iterating an epoch this view read to its end starts the next one."""
         if self._step >= self._end and self._loaded:
             logger.info("rank %d has no samples left in mixture epoch %d; call set_epoch(%d) "
-                        "to start the next one", self._rank, self._epoch, self._epoch + 1)
+                        "to start the next one", self.rank, self._epoch, self._epoch + 1)
         elif self._ended or (self._step >= self._end and self._step > 0):
             logger.info("mixture epoch %d is exhausted on rank %d; starting epoch %d",
-                        self._epoch, self._rank, self._epoch + 1)
-            self.set_epoch(self._epoch + 1)
+                        self._epoch, self.rank, self._epoch + 1)
+            self._next_epoch(self._epoch + 1)
 
-    def _begin(self, lease: Lease | None = None) -> tuple[int, list[Pass]]:
+    def begin(self, lease: Lease | None = None) -> tuple[int, list[Pass]]:
         """A new iteration (``lease``: its iterator): its generation, and a pass over each
         source's current pass. A second live iterator is refused, as a view refuses it."""
         active = self._lease() if self._lease is not None else None
@@ -69,21 +168,22 @@ class MixtureReading:
             raise RuntimeError(CONCURRENT.replace("StreamingDataset", "MixtureDataset"))
         self._lease = lease[0] if lease else None
         self._roll_over()
-        self._pass_objs = [v.begin_pass(None) for v in self._views]
+        self._pass_objs = [v.begin_pass(None) for v in self.views]
         return self._generation, self._pass_objs
 
-    def _plan(self, batch_size: int) -> Iterator[MixBatch]:
+    def plan(self, batch_size: int) -> Iterator[MixBatch]:
         """The batches from the current step to the phase's end."""
-        return plan_batches(self._schedule, self._step, self._end, batch_size, self._left,
-                            [len(v) for v in self._views], self._passes)
+        return plan_batches(self.schedule, self._step, self._end, batch_size, self._left,
+                            [len(v) for v in self.views], self._passes)
 
-    def _run(self, lease: Lease, batch_size: int | None,
+    def read(self, lease: Lease, batch_size: int | None,
              collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
-        generation, _ = self._begin(lease)
+        """Items (``batch_size`` None) or batches, each committed when handed over."""
+        generation, _ = self.begin(lease)
         as_tensors = batch_size is not None and collate_fn is None
         # Each source's reads are cut into batches of the mixture's size: a mixture batch then
         # takes from one (rarely two) of them, whatever the source's share.
-        group = [batch_size or v._reads.sizing.first_rows for v in self._views]
+        group = [batch_size or v._reads.sizing.first_rows for v in self.views]
         buffers: list[SourceBuffer | None] = [
             SourceBuffer(p.read_batches(g, as_tensors=as_tensors), n) if left else None
             for p, g, n, left in zip(self._pass_objs, group, self._passes, self._left)]
@@ -92,9 +192,9 @@ class MixtureReading:
         with ThreadPoolExecutor(len(buffers), thread_name_prefix="mixture-read") as pool:
             list(pool.map(lambda b: b and b.prime(), buffers))
         try:
-            for mb in self._plan(batch_size or 1):
-                self._check_current(generation)
-                parts: list[list[Any]] = [[] for _ in self._views]
+            for mb in self.plan(batch_size or 1):
+                self.check_current(generation)
+                parts: list[list[Any]] = [[] for _ in self.views]
                 for i, segments in enumerate(mb.segments):
                     for pass_no, lo, hi in segments:
                         self._enter_pass(i, pass_no)
@@ -114,19 +214,25 @@ class MixtureReading:
                     out = mixed_batch(parts, mb.sources, collate_fn)
                     self._stepped(len(mb.sources), batches=1)
                     yield out
-            self._ended = generation == self._generation
+            self.finished(generation)
         finally:
             for buf in buffers:
                 if buf is not None:
                     buf.close()
-            self._close_passes()
+            self.close()
 
-    def _check_current(self, generation: int) -> None:
+    def check_current(self, generation: int) -> None:
+        """Refuse an iterator of an older ``generation``."""
         if generation != self._generation:
             raise RuntimeError("this iterator was superseded by load_state_dict() or "
                                "set_epoch(); create a new iterator to continue")
 
-    def _commit_batch(self, mb: MixBatch, cost: ReadCost, wait_s: float) -> None:
+    def finished(self, generation: int) -> None:
+        """The iterator of ``generation`` read its plan to the end (the epoch ended, unless
+        a newer iterator took over)."""
+        self._ended = generation == self._generation
+
+    def commit(self, mb: MixBatch, cost: ReadCost, wait_s: float) -> None:
         """Count a batch read elsewhere (a DataLoader worker) as delivered, now."""
         for i, segments in enumerate(mb.segments):
             for pass_no, lo, hi in segments:
@@ -135,8 +241,14 @@ class MixtureReading:
                 cost, wait_s = NO_COST, 0.0
         self._stepped(len(mb.sources), batches=1)
 
-    def _close_passes(self) -> None:
-        for p in getattr(self, "_pass_objs", []):
+    def commit_packed_batch(self) -> None:
+        """A batch of packed blocks was handed over: a step (its documents were not)."""
+        self._global_step += 1
+        self._on_batch()
+
+    def close(self) -> None:
+        """End the sources' passes of this iteration."""
+        for p in self._pass_objs:
             p.close()
         self._pass_objs = []
 
@@ -150,24 +262,21 @@ class MixtureReading:
         self._step += n
         self._global_step += batches
         self._loaded = False
-        if self._stop == "all_exhausted" and self._step < self._end:
+        if self.stop == "all_exhausted" and self._step < self._end:
             for i, left in enumerate(self._left):
                 if left == 0:
                     self._enter_pass(i, self._passes[i] + 1)
         if batches:
-            self._report_step()
-
-    def _report_step(self) -> None:  # provided by MixtureDataset
-        raise NotImplementedError
+            self._on_batch()
 
     def _enter_pass(self, i: int, pass_no: int) -> None:
         if pass_no == self._passes[i]:
             return
-        view = self._views[i]
+        view = self.views[i]
         self._passes[i] = pass_no
         self._whole[i] = True
         logger.info("mixture source %d was read whole on rank %d; starting its pass %d",
-                    i, self._rank, pass_no)
+                    i, self.rank, pass_no)
         self._pass_objs[i].close()
         view.set_epoch(pass_no)
         self._pass_objs[i] = view.begin_pass(None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,13 +35,12 @@ from ..state.mixture import (
     remaining_per_rank,
     source_meta,
 )
-from ..stream.mixing import Schedule, end_step, integer_weights
-from ..topology import valid_world_sizes
+from ..stream.mixing import Schedule, integer_weights
 from .dataset import StreamingDataset
 from .iteration import Lease, leased
 from .mix_attach import MixtureLink, attach
 from .mix_pack import TokenPacker, blocks, carries_for
-from .mix_reading import MixtureReading
+from .mix_reading import MixProgress
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +57,7 @@ class Source:
     table_version: int | None = None
 
 
-class MixtureDataset(MixtureReading, IterableDataset):
+class MixtureDataset(IterableDataset):
     """A weighted mixture of tables as an elastic, exactly-resumable ``IterableDataset``.
 
     Every item (a dict) and batch carries ``"source"``, the index of its source (an int64
@@ -94,7 +92,6 @@ class MixtureDataset(MixtureReading, IterableDataset):
 
     merge_state_dicts = staticmethod(merge_state_dicts)
     is_mixture = True  # StreamingDataLoader gives a mixture its own loader
-    _link: MixtureLink | None = None  # the coordinator of an attached view
 
     def __init__(self, sources: Sequence[Source], *, num_splits: int | None = None,
                  shuffle: bool = True, shuffle_seed: int = 0, epoch: int = 0, rank: int = 0,
@@ -108,7 +105,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
                 not all(isinstance(s, Source) for s in sources):
             raise ValueError("sources must be a non-empty list of lance_ray.Source(table, "
                              "weight=...)")
-        self._pack = self._pack_config(view_kwargs, columns, transform)
+        pack = self._pack_config(view_kwargs, columns, transform)
         refused = {"on_transform_error", "fill_value", "worker_info_override"} & set(view_kwargs)
         if refused:
             raise ValueError(f"MixtureDataset does not take {sorted(refused)}: a mixture's "
@@ -129,27 +126,29 @@ class MixtureDataset(MixtureReading, IterableDataset):
             views = list(pool.map(view, sources))
         self._setup(views, [s.filter for s in sources], weights, stop=stop, rank=rank,
                     world_size=world_size, num_splits=num_splits, shuffle_seed=shuffle_seed,
-                    epoch=epoch)
+                    epoch=epoch, pack=pack)
 
     def _setup(self, views: list[StreamingDataset], filters: list[str | None],
                weights: tuple[int, ...], *, stop: str, rank: int, world_size: int,
-               num_splits: int, shuffle_seed: int, epoch: int) -> None:
-        """The mixture over one view per source (built here, or attached to a
-        coordinator's sources), at the start of ``epoch``."""
-        self._views = views
-        empty = [i for i, v in enumerate(self._views) if len(v) == 0]
+               num_splits: int, shuffle_seed: int, epoch: int,
+               pack: dict[str, Any] | None, link: MixtureLink | None = None) -> None:
+        """The mixture over one view per source (built here, or attached to the
+        coordinator ``link``'s sources), at the start of ``epoch``."""
+        empty = [i for i, v in enumerate(views) if len(v) == 0]
         if empty:
             raise ValueError(f"source(s) {empty} give rank {rank} no samples (no rows after "
                              f"the filter, or fewer than num_splits={num_splits}); remove them "
                              "or lower num_splits")
-        self._schedule = Schedule(weights)
-        self._stop, self._rank, self._world_size = stop, rank, world_size
+        self._pack, self._link = pack, link  # link: the coordinator of an attached view
         self._meta = mixture_meta(
             [source_meta(v._table.uri, v._table.version, f, v._plan.total_rows)
-             for f, v in zip(filters, self._views)],
+             for f, v in zip(filters, views)],
             weights, stop, num_splits, shuffle_seed)
-        self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
-        self._begin_epoch(epoch)
+        self._new_packer()
+        self._progress = MixProgress(
+            views, Schedule(weights), stop=stop, rank=rank, world_size=world_size,
+            num_splits=num_splits, epoch=epoch, next_epoch=self.set_epoch,
+            on_batch=self._report_step)
 
     @classmethod
     def from_coordinator(cls, name: str, *, rank: int, world_size: int,
@@ -164,8 +163,25 @@ class MixtureDataset(MixtureReading, IterableDataset):
         ``view_kwargs``: :meth:`StreamingDataset.from_coordinator`'s read arguments
         (``columns``, ``transform``, ``reader``...), applied to every source.
         """
-        return attach(cls, name, rank=rank, world_size=world_size, namespace=namespace,
-                      **view_kwargs)
+        views, link, state, epoch = attach(name, rank=rank, world_size=world_size,
+                                           namespace=namespace, **view_kwargs)
+        meta = link.run.meta
+        self = cls.__new__(cls)
+        IterableDataset.__init__(self)
+        self._setup(views, [s["filter"] for s in meta["sources"]],
+                    tuple(s["weight"] for s in meta["sources"]), stop=meta["stop"], rank=rank,
+                    world_size=world_size, num_splits=meta["num_splits"],
+                    shuffle_seed=meta["shuffle_seed"], epoch=link.run.epoch,
+                    pack=link.run.pack, link=link)
+        if self._meta != meta:
+            raise RuntimeError(f"the views of coordinator {name!r} describe another mixture "
+                               f"({self._meta}) than the coordinator ({meta}); this is a bug "
+                               "in lance_ray")
+        if state is not None:
+            self.load_state_dict(state)
+        elif epoch != self.epoch:
+            self.set_epoch(epoch)
+        return self
 
     @staticmethod
     def _pack_config(kwargs: dict[str, Any], columns: list[str] | None,
@@ -187,68 +203,42 @@ class MixtureDataset(MixtureReading, IterableDataset):
         return {"pack_sequences": length, "eos_id": eos_id, "pad_id": pad_id,
                 "column": columns[0]}
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_lease"] = None  # iterators stay in their process
-        return state
-
-    # ----------------------------------------------------------------------- progress
-    def _begin_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
-        self._passes = [epoch] * len(self._views)
-        self._whole = [False] * len(self._views)
-        self._global_step = 0
-        self._ended = self._loaded = False
-        if self._pack is not None:  # an epoch's last block is padded: nothing carries over
+    def _new_packer(self) -> None:
+        """A packed mixture's packer, empty (an epoch's last block is padded: nothing
+        carries over into the next)."""
+        if self._pack is not None:
             self._packer = TokenPacker(self._pack["pack_sequences"], self._pack["eos_id"],
                                        self._pack["pad_id"])
-        self._generation = getattr(self, "_generation", 0) + 1
-        self._start_phase([[len(v)] * self._world_size for v in self._views], step=0)
 
-    def _start_phase(self, remaining: list[list[int]], *, step: int,
-                     end: int | None = None) -> None:
-        """Steps run from ``step``; ``remaining[i][r]``: samples rank ``r`` has left of
-        source ``i``'s pass (known for every rank: an epoch's start or a complete state)."""
-        if end is None:
-            if self._stop == "first_exhausted":
-                fewest = [min(r) for r in remaining]
-                end = end_step(self._schedule, fewest, stop=self._stop, start=step)
-            else:
-                self._check_even(remaining)
-                end = end_step(self._schedule, [r[0] for r in remaining], stop=self._stop,
-                               start=step, whole=self._whole)
-        self._step, self._end = step, end
-        self._left = [r[self._rank] for r in remaining]  # this rank, in the current pass
+    # ----------------------------------------------------------------------- progress
+    @property
+    def progress(self) -> MixProgress:
+        """This mixture's iteration object: its progress, and the reading that advances it
+        (what ``StreamingDataLoader`` reads through)."""
+        return self._progress
 
-    def _check_even(self, remaining: list[list[int]]) -> None:
-        uneven = [i for i, r in enumerate(remaining) if len(set(r)) > 1]
-        if uneven:
-            num_splits = self._meta["num_splits"]
-            raise ValueError(
-                f"this state leaves the {self._world_size} ranks unequal samples of source(s) "
-                f"{uneven} ({[remaining[i] for i in uneven]}), so under stop='all_exhausted' "
-                "they would start those sources' next passes at different steps; resume on "
-                "the world size the state was saved on, or on one of "
-                f"{valid_world_sizes(num_splits)} at which its ranks' shares are equal, or "
-                "use stop='first_exhausted'")
+    @property
+    def packed(self) -> bool:
+        """Whether the mixture yields packed token blocks (``pack_sequences``)."""
+        return self._pack is not None
 
     @property
     def rank(self) -> int:
-        return self._rank
+        return self._progress.rank
 
     @property
     def world_size(self) -> int:
-        return self._world_size
+        return self._progress.world_size
 
     @property
     def epoch(self) -> int:
         """The mixture epoch being read."""
-        return self._epoch
+        return self._progress.epoch
 
     @property
     def global_step(self) -> int:
         """Batches this rank delivered in the current epoch (checkpoints count in them)."""
-        return self._global_step
+        return self._progress.global_step
 
     @property
     def num_splits(self) -> int:
@@ -257,17 +247,17 @@ class MixtureDataset(MixtureReading, IterableDataset):
     @property
     def sources(self) -> list[StreamingDataset]:
         """Each source's own view (its plan, stats and state)."""
-        return list(self._views)
+        return list(self._progress.views)
 
     @property
     def samples_remaining(self) -> int:
         """Samples this rank still yields in the current mixture epoch."""
-        return self._end - self._step
+        return self._progress.end - self._progress.step
 
     def __len__(self) -> int:
         """Samples this rank yields in the current phase (an epoch, unless it resumed on
         another world size: then from the resume point)."""
-        return self._end
+        return self._progress.end
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's consumer-committed progress as plain, JSON-serialisable data (an
@@ -279,21 +269,21 @@ class MixtureDataset(MixtureReading, IterableDataset):
 
     def _report_step(self) -> None:
         """An attached view sends its state after the global steps every rank sends."""
-        if self._link is not None and self._link.due(self._global_step,
-                                                     self._step >= self._end):
+        run = self._progress
+        if self._link is not None and self._link.due(run.global_step, run.step >= run.end):
             self._link.report(self._state())
 
     def _state(self) -> dict[str, Any]:
-        ws = self._world_size
+        ws, run = self.world_size, self._progress
         return make_mixture_state(
-            self._meta, epoch=self._epoch, world_size=ws, rank=None if ws == 1 else self._rank,
-            step=self._step, end=self._end, global_step=self._global_step,
-            passes=self._passes, whole=self._whole,
+            self._meta, epoch=run.epoch, world_size=ws, rank=None if ws == 1 else self.rank,
+            step=run.step, end=run.end, global_step=run.global_step,
+            passes=run.passes, whole=run.whole,
             sources=[v.state_dict() if self._pack is None or ws == 1 else
-                     rank_own(v.state_dict(), self._rank, ws) for v in self._views],
+                     rank_own(v.state_dict(), self.rank, ws) for v in run.views],
             **({} if self._pack is None else {PACK_KEY: {
                 **self._pack, "world_size": ws, "carries": {
-                    str(self._rank): self._packer.carry()}}}))
+                    str(self.rank): self._packer.carry()}}}))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
@@ -304,53 +294,43 @@ class MixtureDataset(MixtureReading, IterableDataset):
                              "unpacked") + " mixture; construct the MixtureDataset " +
                              ("with" if PACK_KEY in state else "without") + " pack_sequences")
         carries = None if self._pack is None else carries_for(
-            state[PACK_KEY], self._pack, self._rank, self._world_size)
-        subs = state["sources"]
-        before = [(v._spec.epoch, v.state_dict()) for v in self._views]
+            state[PACK_KEY], self._pack, self.rank, self.world_size)
+        subs, views = state["sources"], self._progress.views
+        before = [(v._spec.epoch, v.state_dict()) for v in views]
         try:
-            for view, sub, p in zip(self._views, subs, mix["passes"]):
+            for view, sub, p in zip(views, subs, mix["passes"]):
                 view.set_epoch(p)
                 view.load_state_dict(sub)
-            step = phase_step(state, self._rank, self._world_size)
-            saved = self._epoch, self._passes, self._whole, self._global_step
-            self._epoch, self._passes = mix["epoch"], list(mix["passes"])
-            self._whole, self._global_step = list(mix["read_whole"]), mix["global_step"]
-            try:
-                remaining = [remaining_per_rank(v.state_dict(), self._world_size)
-                             for v in self._views]
-                if step is not None:  # the same group: the phase goes on
-                    self._start_phase(remaining, step=step, end=mix["end"])
-                else:
-                    self._start_phase(remaining, step=0)
-            except Exception:
-                self._epoch, self._passes, self._whole, self._global_step = saved
-                raise
+            self._progress.resume(
+                epoch=mix["epoch"], passes=mix["passes"], whole=mix["read_whole"],
+                global_step=mix["global_step"], end=mix["end"],
+                step=phase_step(state, self.rank, self.world_size),
+                remaining=[remaining_per_rank(v.state_dict(), self.world_size)
+                           for v in views])
         except Exception:
-            for view, (epoch, sub) in zip(self._views, before):
+            for view, (epoch, sub) in zip(views, before):
                 view.set_epoch(epoch)
                 view.load_state_dict(sub)
             raise
-        self._ended = False
-        self._loaded = True  # a state loaded at its epoch's end yields nothing, as a view's
         if carries is not None:
             self._packer.restore(carries)
-        self._generation += 1
 
     def set_epoch(self, epoch: int) -> None:
         """Read mixture epoch ``epoch`` from its start (every source at its plan of that
         epoch); a no-op if already there and nothing was read."""
         check_epoch_seed(self._meta["shuffle_seed"], epoch)
-        if epoch == self._epoch and self._step == 0 and self._passes == [epoch] * len(
-                self._views):
+        run = self._progress
+        if run.at_start_of(epoch):
             return
-        if self.samples_remaining and self._step:
+        if self.samples_remaining and run.step:
             logger.warning("leaving mixture epoch %d with %d samples of rank %d unread",
-                           self._epoch, self.samples_remaining, self._rank)
+                           run.epoch, self.samples_remaining, self.rank)
         if self._link is not None:
             self._link.set_epoch(epoch)  # may be refused (an older epoch): nothing changed
-        for v in self._views:
+        for v in run.views:
             _restart(v, epoch)
-        self._begin_epoch(epoch)
+        self._new_packer()
+        run.begin_epoch(epoch)
         if self._link is not None:  # once every rank is here, restarts begin this epoch
             self._link.report(self._state())
 
@@ -359,7 +339,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
         """Yield samples one by one: dicts carrying ``"source"`` (packed: blocks)."""
         if self._pack is not None:
             return leased(lambda lease: self._packed(lease, None))
-        return leased(lambda lease: self._run(lease, None, None))
+        return leased(lambda lease: self._progress.read(lease, None, None))
 
     def iter_batches(self, batch_size: int, *,
                      collate_fn: Callable[[list[Any]], Any] | None = None) -> Iterator[Any]:
@@ -368,14 +348,15 @@ class MixtureDataset(MixtureReading, IterableDataset):
         positive_int("batch_size", batch_size)
         if self._pack is not None:
             return leased(lambda lease: self._packed(lease, batch_size))
-        return leased(lambda lease: self._run(lease, batch_size, collate_fn))
+        return leased(lambda lease: self._progress.read(lease, batch_size, collate_fn))
 
     def _packed(self, lease: Lease, batch_size: int | None) -> Iterator[dict[str, Any]]:
         """Blocks (``{"input_ids", "doc_ids", "source_ids"}``), one by one or stacked."""
         import torch
 
         assert self._pack is not None
-        out = blocks(self._packer, self._run(lease, None, None), self._pack["column"])
+        out = blocks(self._packer, self._progress.read(lease, None, None),
+                     self._pack["column"])
         while True:
             group = list(itertools.islice(out, batch_size or 1))
             if not group:
@@ -384,8 +365,7 @@ class MixtureDataset(MixtureReading, IterableDataset):
                 yield {k: torch.from_numpy(v) for k, v in group[0].items()}
             else:
                 batch = {k: torch.from_numpy(np.stack([b[k] for b in group])) for k in group[0]}
-                self._global_step += 1  # a packed batch is a step (its documents were not)
-                self._report_step()
+                self._progress.commit_packed_batch()
                 yield batch
 
 
