@@ -76,3 +76,39 @@ def test_weights_are_exact_and_bad_ones_are_named():
     for bad in ([0, 1], [-1.0], [float("nan")], ["3"], [True], []):
         with pytest.raises(ValueError):
             integer_weights(bad)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=2, max_size=4), st.integers(1, 300),
+       st.integers(1, 5), st.integers(0, 2**31 - 1))
+def test_a_mixed_batch_puts_every_row_at_its_step_joined_or_part_by_part(weights, size,
+                                                                         cuts, seed):
+    """Small columns are joined before one scatter, large ones scattered part by part: both
+    put row k of source i at the k-th step that takes source i."""
+    import numpy as np
+    import torch
+
+    from lance_ray.read.convert import Columns
+    from lance_ray.view import mix_batches
+
+    sources = Schedule(integer_weights(weights)).sources(seed % 1000, seed % 1000 + size)
+    rng = np.random.default_rng(seed)
+    parts: list[list[Columns]] = []
+    for i in range(len(weights)):
+        n = int((sources == i).sum())
+        bounds = sorted({0, n, *rng.integers(0, n + 1, cuts).tolist()})
+        parts.append([Columns({"id": torch.arange(lo, hi) * 10 + i,
+                               "v": torch.full((hi - lo, 3), float(i))}, hi - lo, 0)
+                      for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo])
+    want = np.empty(size, dtype=np.int64)
+    for i in range(len(weights)):
+        want[sources == i] = np.arange(int((sources == i).sum())) * 10 + i
+    for join_bytes in (0, 1 << 20):
+        mix_batches.JOIN_BYTES = join_bytes
+        try:
+            out = mix_batches.scattered(parts, sources)
+        finally:
+            mix_batches.JOIN_BYTES = 1 << 20
+        assert out is not None
+        assert out["id"].tolist() == want.tolist()
+        assert out["v"][:, 0].tolist() == sources.astype(float).tolist()

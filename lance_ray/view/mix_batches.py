@@ -22,6 +22,9 @@ from ..read.requests import NO_COST, ReadCost
 from ..stream.mixing import Schedule
 
 SOURCE_KEY = "source"
+# A batch column up to this size is joined before its one scatter (the copy is cheaper
+# than a call per part); a larger one is scattered part by part.
+JOIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -161,30 +164,32 @@ def mixed_items(parts: Sequence[list[Any]], sources: np.ndarray) -> list[dict[st
 
 
 def scattered(parts: Sequence[list[Columns]], sources: np.ndarray) -> dict[str, Any] | None:
-    """The rows of each source's ``Columns`` parts written straight to their steps' places
-    (one copy), when every column is a tensor; else None."""
+    """The rows of each source's ``Columns`` parts written to their steps' places, when
+    every column is a tensor of one dtype across the parts; else None. A large column is
+    written part by part (one copy); a small one is joined first and written with one call,
+    since there the calls, not the bytes, are the cost."""
     import torch
 
-    first = next(p[0] for p in parts if p)
-    if not all(isinstance(v, torch.Tensor) for v in first.data.values()):
-        return None
-    out = {name: torch.empty((len(sources), *v.shape[1:]), dtype=v.dtype)
-           for name, v in first.data.items()}
-    for i, ps in enumerate(parts):
-        if not ps:
+    flat = [p for ps in parts for p in ps]  # source by source, as the places are grouped
+    for part in flat:
+        if part.data.keys() != flat[0].data.keys():
+            raise ValueError(f"the sources deliver different columns {sorted(flat[0].data)} "
+                             f"and {sorted(part.data)}; pass columns=[...] every source has")
+    # Every source's places at once: the steps grouped by source, in order within each.
+    places = torch.from_numpy(np.argsort(sources, kind="stable"))
+    out: dict[str, Any] = {}
+    for name, v in flat[0].data.items():
+        cols = [p.data[name] for p in flat]
+        if not all(isinstance(c, torch.Tensor) and c.dtype == v.dtype for c in cols):
+            return None
+        out[name] = col = torch.empty((len(sources), *v.shape[1:]), dtype=v.dtype)
+        if len(cols) > 1 and col.nbytes <= JOIN_BYTES:
+            col.index_copy_(0, places, torch.cat(cols))
             continue
-        places = torch.from_numpy(np.flatnonzero(sources == i))
         at = 0
-        for part in ps:
-            if part.data.keys() != out.keys():
-                raise ValueError(f"the sources deliver different columns {sorted(out)} and "
-                                 f"{sorted(part.data)}; pass columns=[...] every source has")
-            rows = places[at : at + len(part)]
-            for name, v in part.data.items():
-                if not isinstance(v, torch.Tensor) or v.dtype != out[name].dtype:
-                    return None
-                out[name].index_copy_(0, rows, v)
-            at += len(part)
+        for c in cols:
+            col.index_copy_(0, places[at : at + len(c)], c)
+            at += len(c)
     return out
 
 
