@@ -292,4 +292,6 @@ def test_a_packed_mixture_over_the_coordinator_packs_and_resizes_as_the_checkpoi
                            num_splits=NUM_SPLITS, shuffle_seed=3, columns=["tokens"],
                            reader="local", **pack)
     alone.load_state_dict(merged)
-    assert blocks(one) == blocks(alone)  # the carries first, then the rest, as resumed
+    # The carries first, then the rest, as resumed: read through two DataLoader workers.
+    loader = lance_ray.StreamingDataLoader(one, 2, num_workers=2)
+    assert [b["input_ids"].tolist() for b in loader] == blocks(alone)

@@ -427,3 +427,28 @@ def test_packed_mixture_resumes_exactly_and_across_world_sizes(doc_sources, at, 
     if stop == "first_exhausted":  # no document repeats, and none is cut at the resume
         counts = _doc_tokens([b for x in before + after for b in x])
         assert all(c == lengths[t] for t, c in counts.items())
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted"])
+def test_a_packed_mixture_loader_with_workers_gives_the_blocks_and_states_of_no_workers(
+        doc_sources, stop):
+    """Workers read the documents, this process packs them and commits each as the packer
+    takes it: the batches and the state after every batch equal num_workers=0's, and a
+    state taken mid-epoch resumes the same blocks through workers."""
+    sources, _ = doc_sources
+
+    def run(workers, state=None):
+        ds = _packed(sources, rank=1, world_size=2, stop=stop)
+        if state is not None:
+            ds.load_state_dict(state)
+        loader = lance_ray.StreamingDataLoader(ds, batch_size=2, num_workers=workers)
+        out = []
+        for batch in loader:
+            out.append((batch["input_ids"].tolist(), batch["source_ids"].tolist(),
+                        json.dumps(loader.state_dict(), sort_keys=True)))
+        return out
+
+    alone, workers = run(0), run(2)
+    assert workers == alone and len(alone) > 3
+    mid = json.loads(alone[2][2])
+    assert [b[:2] for b in run(2, mid)] == [b[:2] for b in alone[3:]]

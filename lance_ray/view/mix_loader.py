@@ -35,6 +35,21 @@ class _Made(NamedTuple):
     cost: ReadCost
 
 
+class _Arrival(NamedTuple):
+    """A batch a worker made, in order, checked current: what to commit for it."""
+
+    batch: MixBatch
+    data: Any
+    cost: ReadCost
+    wait_s: float
+    generation: int
+
+
+# Documents per worker batch of a packed mixture (the trainer packs them; any size gives
+# the same blocks).
+PACKED_DOCUMENTS = 256
+
+
 def _identity(x: Any) -> Any:
     return x
 
@@ -131,10 +146,8 @@ class MixtureDataLoader(DataLoader):
         for banned in ("sampler", "batch_sampler", "shuffle"):
             if kwargs.get(banned):
                 raise ValueError(f"{banned} is not supported: the mixture decides the order")
-        if num_workers and dataset.packed:
-            raise NotImplementedError("a packed mixture reads in the trainer's process: use "
-                                      "num_workers=0 (docs/mixing.md)")
-        self._source = _MixtureBatches(collate_fn)
+        # A packed mixture's workers send its documents (item lists); this process packs.
+        self._source = _MixtureBatches(list if dataset.packed else collate_fn)
         if num_workers > 0:
             line = unguarded_main_line()
             kwargs.setdefault("multiprocessing_context",
@@ -156,13 +169,37 @@ class MixtureDataLoader(DataLoader):
         if self.num_workers == 0:
             return self._mixture.iter_batches(self._batch_size_samples,
                                               collate_fn=self._source.collate_fn)
+        if self._mixture.packed:
+            return leased(lambda lease: self._mixture.pack_blocks(self._documents(lease),
+                                                                  self._batch_size_samples))
         return leased(self._run)
 
     def _run(self, lease: Lease) -> Iterator[Any]:
+        run = self._mixture.progress
+        for got in self._arrivals(lease, self._batch_size_samples):
+            run.commit(got.batch, got.cost, got.wait_s)
+            yield got.data
+
+    def _documents(self, lease: Lease) -> Iterator[dict[str, Any]]:
+        """A packed mixture's documents from the workers, each committed as it is taken (as
+        the packer takes them when this process reads), so states equal num_workers=0's."""
+        run = self._mixture.progress
+        for got in self._arrivals(lease, PACKED_DOCUMENTS):
+            passes = [iter([p for p, lo, hi in segments for _ in range(hi - lo)])
+                      for segments in got.batch.segments]
+            cost, wait_s = got.cost, got.wait_s
+            for item, i in zip(got.data, got.batch.sources.tolist(), strict=True):
+                run.check_current(got.generation)
+                run.commit_document(i, next(passes[i]), cost, wait_s)
+                cost, wait_s = NO_COST, 0.0
+                yield item
+
+    def _arrivals(self, lease: Lease, unit: int) -> Iterator[_Arrival]:
+        """The workers' batches of ``unit`` samples, in plan order, each checked current."""
         mix = self._mixture
         run = mix.progress
         generation, passes = run.begin(lease)
-        plan = self._source.plan = list(run.plan(self._batch_size_samples))
+        plan = self._source.plan = list(run.plan(unit))
         self._source.streams = [p.stream for p in passes]
         self._source.later = later_passes(mix, plan)
         self._source.mixture = mix  # pickled into the workers started below
@@ -176,8 +213,7 @@ class MixtureDataLoader(DataLoader):
                     raise RuntimeError(f"batch {made.number} arrived where batch {expected} "
                                        "was due; refusing to commit out-of-order progress")
                 run.check_current(generation)
-                run.commit(plan[expected], made.cost, wait_s)
-                yield made.data
+                yield _Arrival(plan[expected], made.data, made.cost, wait_s, generation)
             run.finished(generation)
         finally:
             shutdown = getattr(inner, "_shutdown_workers", None)

@@ -241,6 +241,14 @@ class MixProgress:
                 cost, wait_s = NO_COST, 0.0
         self._stepped(len(mb.sources), batches=1)
 
+    def commit_document(self, i: int, pass_no: int, cost: ReadCost, wait_s: float) -> None:
+        """Count one sample of source ``i``'s pass ``pass_no``, read elsewhere, as delivered
+        now: a packed mixture's loader commits documents one by one as the packer takes
+        them, as the trainer's own reading does."""
+        self._enter_pass(i, pass_no)
+        self._deliver(i, 1, cost, wait_s)
+        self._stepped(1, batches=0)
+
     def commit_packed_batch(self) -> None:
         """A batch of packed blocks was handed over: a step (its documents were not)."""
         self._global_step += 1

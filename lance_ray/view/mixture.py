@@ -351,12 +351,17 @@ class MixtureDataset(IterableDataset):
         return leased(lambda lease: self._progress.read(lease, batch_size, collate_fn))
 
     def _packed(self, lease: Lease, batch_size: int | None) -> Iterator[dict[str, Any]]:
-        """Blocks (``{"input_ids", "doc_ids", "source_ids"}``), one by one or stacked."""
+        return self.pack_blocks(self._progress.read(lease, None, None), batch_size)
+
+    def pack_blocks(self, documents: Iterator[dict[str, Any]], batch_size: int | None
+                    ) -> Iterator[dict[str, Any]]:
+        """Blocks (``{"input_ids", "doc_ids", "source_ids"}``) packed from ``documents``
+        (this mixture's items in its order, each committed as the packer takes it), one by
+        one or ``batch_size`` at a time."""
         import torch
 
-        assert self._pack is not None
-        out = blocks(self._packer, self._progress.read(lease, None, None),
-                     self._pack["column"])
+        assert self._pack is not None, "pack_blocks is for a packed mixture"
+        out = blocks(self._packer, documents, self._pack["column"])
         while True:
             group = list(itertools.islice(out, batch_size or 1))
             if not group:
