@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lance_ray.plan.resolve import resolve_table
-from lance_ray.read.take import read_sorted, take_in_order
+from lance_ray.read.take import TAKE_BYTES, read_sorted, take_in_order
 
 
 def _write(path: str, *, stable: bool) -> str:
@@ -41,13 +41,18 @@ PROPERTY = settings(deadline=None, max_examples=60,
 
 @PROPERTY
 @given(data=st.data(), clump=st.sampled_from([1, 2, 7, 64, 1000]),
-       columns=st.sampled_from([None, ["id"], ["s", "id"]]))
-def test_a_range_read_returns_the_rows_of_a_take_in_order(table, data, clump, columns):
+       columns=st.sampled_from([None, ["id"], ["s", "id"]]),
+       piece=st.sampled_from([None, 1, 3, 50]))
+def test_a_range_read_returns_the_rows_of_a_take_in_order(table, data, clump, columns, piece):
+    """Also when a read is made in pieces (rows of a width whose ``TAKE_BYTES`` is
+    ``piece`` rows)."""
     ref, ids = table
     starts = data.draw(st.lists(st.integers(0, len(ids) - 1), min_size=1, max_size=12))
     wanted = np.unique(np.concatenate([ids[s : s + clump] for s in starts]))
-    got = read_sorted(ref, wanted, columns)
+    got = read_sorted(ref, wanted, columns, None if piece is None else TAKE_BYTES // piece)
     assert got.equals(ref.take_rows(wanted, columns))
+    if piece is not None and not ref.open_lance().has_stable_row_ids:
+        assert got.column(0).num_chunks >= -(-len(wanted) // piece)
     # And through the plan-order path, rows shuffled back to the order asked for.
     shuffled = np.random.default_rng(len(wanted)).permutation(wanted)
     assert take_in_order(ref, shuffled, columns).column("id").to_pylist() == \

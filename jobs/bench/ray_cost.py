@@ -73,8 +73,12 @@ def one_pass(table: Any, reader: str) -> None:
 
 
 def take_us_per_row(ref: Any, ids: np.ndarray) -> float:
-    """Median wall time per row of sorted takes of 256 rows (one stream)."""
+    """Median wall time per row of sorted takes of 256 rows (one stream), in a process set
+    up as every reading process is (``keep_freed_buffers``)."""
+    from lance_ray.read.malloc import keep_freed_buffers
     from lance_ray.read.take import take_sorted
+
+    keep_freed_buffers()
 
     times = []
     for lo in range(0, len(ids), 256):

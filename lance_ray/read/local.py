@@ -15,6 +15,7 @@ from .concurrency import take_streams, usable_cores
 from .convert import to_columns
 from .documents import DocumentReads
 from .items import note_objects
+from .malloc import keep_freed_buffers
 from .requests import ChunkRequest, ChunkResult, ReadCost, ReadSizing, span_results
 from .take import one_batch, take_sorted
 from .transform import TransformPolicy
@@ -50,7 +51,8 @@ class LocalReader:
     def _read(self, req: ChunkRequest) -> list[ChunkResult]:
         payload: Any
         started = time.perf_counter()
-        rows, inverse = take_sorted(self.table, req.row_ids, self.columns)
+        row_bytes = None if self.sizing is None else self.sizing.row_bytes
+        rows, inverse = take_sorted(self.table, req.row_ids, self.columns, row_bytes)
         read = time.perf_counter()
         if self.documents is not None:
             payload = self.documents.arrange(rows, inverse, req)
@@ -65,6 +67,7 @@ class LocalReader:
         return span_results(req.spans, payload, cost)
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
+        keep_freed_buffers()
         sizing = self.sizing
         cost = None if sizing is None else (lambda r: sizing.nbytes(len(r.row_ids)))
         budget = None if sizing is None else sizing.budget_bytes

@@ -41,6 +41,7 @@ from .convert import to_columns
 from .documents import DocumentReads
 from .items import ItemColumns, from_arrow
 from .local import LocalReader
+from .malloc import keep_freed_buffers
 from .ray_tasks import COST_COLUMNS, INTERNAL_COLUMNS, SEQ_COLUMN, TransformStage, datasource_cls
 from .requests import (
     NO_COST,
@@ -177,6 +178,7 @@ class RayDataReader:
                                                      float(transform_s) + convert_s))
 
     def iter_chunks(self, requests: Iterator[ChunkRequest]) -> Iterator[ChunkResult]:
+        keep_freed_buffers()  # the consumer's copies out of the object store
         chunks = self._with_local_head(list(requests))
         _close_at_exit(chunks)
         return chunks

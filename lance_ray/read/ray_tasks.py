@@ -17,6 +17,7 @@ import pyarrow as pa
 from ..plan.table import TableRef
 from .documents import DocumentReads
 from .items import to_arrow
+from .malloc import keep_freed_buffers
 from .requests import ChunkRequest, ReadSizing
 from .take import one_batch, take_in_order, take_sorted
 from .transform import TransformPolicy, portable_items
@@ -57,8 +58,9 @@ def datasource_cls() -> type:
             # A module-level function, pickled by reference: a closure was pickled by value
             # for every task (cloudpickle scanning the loaded modules each time), 20% of the
             # trainer's GIL-held samples on 64 KB rows.
+            row_bytes = None if self._sizing is None else self._sizing.row_bytes
             read = functools.partial(read_block, self._table, self._columns, self._documents,
-                                     chunk, self._sorted_rows)
+                                     chunk, self._sorted_rows, row_bytes)
             meta = BlockMetadata(num_rows=len(chunk.row_ids),
                                  size_bytes=self._nbytes(len(chunk.row_ids)),
                                  exec_stats=None, input_files=None)
@@ -68,18 +70,21 @@ def datasource_cls() -> type:
 
 
 def read_block(table: TableRef, columns: list[str] | None, documents: DocumentReads | None,
-                chunk: ChunkRequest, sorted_rows: bool = False) -> Iterator[pa.Table]:
+                chunk: ChunkRequest, sorted_rows: bool = False,
+                row_bytes: int | None = None) -> Iterator[pa.Table]:
     """A read task's body: the rows of ``chunk`` as one block, each with its stream position,
     and the read's cost. The rows are in plan order (arranged by split for packed reads),
     or with ``sorted_rows`` in the order Lance read them: the consumer then puts them in
-    plan order by their positions, in the one copy its conversion makes anyway."""
+    plan order by their positions, in the one copy its conversion makes anyway.
+    ``row_bytes``, the rows' estimated width, lets a large read be taken in pieces."""
+    keep_freed_buffers()
     started = time.perf_counter()
     seq = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in chunk.spans])
     if documents is not None:
-        got, inverse = take_sorted(table, chunk.row_ids, columns)
+        got, inverse = take_sorted(table, chunk.row_ids, columns, row_bytes)
         rows = pa.Table.from_batches([documents.arrange(got, inverse, chunk)])
     elif sorted_rows:
-        rows, inverse = take_sorted(table, chunk.row_ids, columns)
+        rows, inverse = take_sorted(table, chunk.row_ids, columns, row_bytes)
         if inverse is not None:  # sorted row j is plan row argsort(inverse)[j]
             seq = seq[np.argsort(inverse)]
     else:
@@ -100,6 +105,7 @@ class TransformStage:
         self.transform = transform
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        keep_freed_buffers()
         batch = one_batch(table.drop_columns(list(INTERNAL_COLUMNS)))
         started = time.perf_counter()
         payload, why = self.transform.columns(batch)

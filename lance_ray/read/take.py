@@ -18,6 +18,11 @@ from ..plan.table import TableRef
 from .allowlist import allowlist
 
 ADDRESS = "_rowaddr"
+# A read of more bytes than this is made in pieces of this size: Lance decodes a read into
+# buffers its size, and buffers much larger than this are mapped fresh for every read,
+# their pages zeroed by the kernel each time (see ``malloc``); a chunked table costs the
+# consumer nothing, its conversion copies from the chunks anyway.
+TAKE_BYTES = 16 << 20
 
 
 def _fragments(ds: Any, ids: np.ndarray) -> list[Any]:
@@ -26,13 +31,24 @@ def _fragments(ds: Any, ids: np.ndarray) -> list[Any]:
     return [f for f in found if f is not None]
 
 
-def read_sorted(table: TableRef, ids: np.ndarray, columns: list[str] | None) -> pa.Table:
-    """The rows of the ascending row ids ``ids``, in that order."""
+def read_sorted(table: TableRef, ids: np.ndarray, columns: list[str] | None,
+                row_bytes: int | None = None) -> pa.Table:
+    """The rows of the ascending row ids ``ids``, in that order; read in pieces of
+    ``TAKE_BYTES`` when the rows' width ``row_bytes`` is known."""
     if type(table) is not TableRef or not len(ids):
         return table.take_rows(ids, columns)
     ds = table.open_lance()
     if ds.has_stable_row_ids:
         return table.take_rows(ids, columns)
+    step = len(ids) if not row_bytes else max(1, TAKE_BYTES // row_bytes)
+    if step < len(ids):
+        return pa.concat_tables([_read_range(table, ds, ids[lo:lo + step], columns)
+                                 for lo in range(0, len(ids), step)])
+    return _read_range(table, ds, ids, columns)
+
+
+def _read_range(table: TableRef, ds: Any, ids: np.ndarray, columns: list[str] | None
+                ) -> pa.Table:
     # One chunk per fragment (Lance's default is one per 8,192 rows): fewer pieces for the
     # one copy that converts the read.
     got = ds.scanner(columns=columns, fragments=_fragments(ds, ids), scan_in_order=True,
@@ -47,19 +63,21 @@ def read_sorted(table: TableRef, ids: np.ndarray, columns: list[str] | None) -> 
 
 
 def take_sorted(
-    table: TableRef, row_ids: np.ndarray, columns: list[str] | None
+    table: TableRef, row_ids: np.ndarray, columns: list[str] | None,
+    row_bytes: int | None = None,
 ) -> tuple[pa.Table, np.ndarray | None]:
     """Read ``row_ids`` at the pinned version in ascending address order.
 
     Returns the rows (one chunk per fragment read: the conversion to tensors copies them
     once, straight from the chunks) and the permutation that puts them back in the given
     order (None when they already are). Sorting makes one read touch each fragment once with
-    ascending offsets, the coalesced access Lance reads fastest.
+    ascending offsets, the coalesced access Lance reads fastest. ``row_bytes`` (the rows'
+    estimated width) lets a large read be made in pieces.
     """
     ids = np.asarray(row_ids, dtype=np.uint64)
     order = None if bool(np.all(ids[1:] > ids[:-1])) else np.argsort(ids, kind="stable")
     wanted = ids if order is None else ids[order]
-    got = read_sorted(table, wanted, columns)
+    got = read_sorted(table, wanted, columns, row_bytes)
     if got.num_rows != len(ids):
         raise RuntimeError(
             f"Lance returned {got.num_rows} rows for {len(ids)} planned row ids at version "
