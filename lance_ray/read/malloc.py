@@ -4,9 +4,9 @@ the kernel after every read.
 With glibc's defaults a buffer of a few MB (a read's rows, the batch made of them) is
 mapped fresh for each read and released when freed, so every read pays the kernel for
 zeroing its pages again: on wide rows that was most of a read's cost (docs/scaling.md,
-``python -m jobs.bench.ray_cost``). Every
-process that reads calls :func:`keep_freed_buffers` first: the trainer, DataLoader workers
-and the Ray reader's tasks.
+``python -m jobs.bench.ray_cost``). Every process that reads calls
+:func:`keep_freed_buffers` first: the trainer, DataLoader workers and the Ray reader's
+tasks.
 
 It sets two of glibc's ``mallopt`` parameters for the whole process: buffers under
 ``MMAP_THRESHOLD`` come from the heap, and up to ``TRIM_THRESHOLD`` of free heap is kept.

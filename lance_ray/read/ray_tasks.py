@@ -88,7 +88,7 @@ def read_block(table: TableRef, columns: list[str] | None, documents: DocumentRe
         if inverse is not None:  # sorted row j is plan row argsort(inverse)[j]
             seq = seq[np.argsort(inverse)]
     else:
-        rows = take_in_order(table, chunk.row_ids, columns)
+        rows = take_in_order(table, chunk.row_ids, columns, row_bytes)
     out = rows.append_column(SEQ_COLUMN, pa.array(seq))
     cost = (rows.nbytes, time.perf_counter() - started, 0.0)
     for name, value in zip(COST_COLUMNS, cost):

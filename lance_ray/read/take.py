@@ -98,8 +98,9 @@ def one_batch(rows: pa.Table) -> pa.RecordBatch:
 
 
 def take_in_order(
-    table: TableRef, row_ids: np.ndarray, columns: list[str] | None
+    table: TableRef, row_ids: np.ndarray, columns: list[str] | None,
+    row_bytes: int | None = None,
 ) -> pa.Table:
     """Read ``row_ids`` at the pinned version and return them in the given order."""
-    rows, inverse = take_sorted(table, row_ids, columns)
+    rows, inverse = take_sorted(table, row_ids, columns, row_bytes)
     return rows if inverse is None else rows.take(pa.array(inverse))
