@@ -64,6 +64,27 @@ def test_a_failed_background_build_is_raised_once_then_rebuilt():
     assert plans.get(3) == 3 and attempts == [3, 3]
 
 
+def test_background_builds_of_a_process_run_one_at_a_time():
+    """Several views' next plans (a mixture's sources) build one after another, so that
+    together they take one core from the reads, not all of them."""
+    running, most, lock = [0], [0], threading.Lock()
+
+    def build(key: int) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return key
+
+    sources = [BackgroundPlans(build) for _ in range(3)]
+    for k, plans in enumerate(sources):
+        plans.prefetch(k)
+    assert [plans.get(k) for k, plans in enumerate(sources)] == [0, 1, 2]
+    assert most[0] == 1
+
+
 def test_only_the_newest_keys_are_kept():
     plans: BackgroundPlans[int, int] = BackgroundPlans(lambda k: k, keep=2)
     for k in range(4):
@@ -89,6 +110,9 @@ def view_hands_over_the_background_plan(table, reader: str) -> None:
                                     reader=reader)
     source = ds._plans
     next_key = (ds._spec.for_epoch(1), (2, 3))
+    # Not before the first batch is handed over: its reads have the cores to themselves.
+    assert not source.plans.wait(next_key, timeout=0) and source.plans.builds == 1
+    next(iter(ds.iter_batches(10)))
     assert source.plans.wait(next_key, timeout=60), "epoch 1 was not built in the background"
     ds.set_epoch(1)
     assert source.plans.background_hits == 1
@@ -96,11 +120,12 @@ def view_hands_over_the_background_plan(table, reader: str) -> None:
     assert_same_part(ds.plan, on_demand)
 
 
-def test_a_local_view_hands_over_the_background_plan_equal_to_one_built_on_demand(table_1k):
+def test_a_local_view_plans_ahead_after_its_first_batch_a_plan_equal_to_one_built_now(
+        table_1k):
     view_hands_over_the_background_plan(table_1k, "local")
 
 
-def test_a_ray_view_hands_over_the_background_plan_equal_to_one_built_on_demand(
+def test_a_ray_view_plans_ahead_after_its_first_batch_a_plan_equal_to_one_built_now(
         ray_session, table_1k, monkeypatch):
     monkeypatch.setattr(sources, "REMOTE_PLAN_MIN_ROWS", 0)  # 1k rows: build in a Ray task
     view_hands_over_the_background_plan(table_1k, "ray")

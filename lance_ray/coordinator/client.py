@@ -137,6 +137,9 @@ class CoordinatorPlans:
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
         return _ray().get(self.handle.plan_part.remote(spec.epoch, owned[0], len(owned)))
 
+    def ahead(self, spec: PlanSpec, owned: Sequence[int]) -> None:
+        return None  # the coordinator builds its next plan ahead itself
+
     def report(self, report: lg.RankReport, *, final: bool = False) -> None:
         if self._handle is None:
             self.handle  # noqa: B018 -- found now, with its reporter

@@ -21,6 +21,10 @@ logger = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
+# Background builds in a process run one at a time: each has a whole epoch to finish, and
+# several at once (a mixture's sources) would take the cores from the reads they run beside.
+_ONE_BUILD_AT_A_TIME = threading.Lock()
+
 
 class BackgroundPlans(Generic[K, V]):
     """Builds ``build(key)`` once per key, on demand or ahead of time; keeps ``keep`` keys."""
@@ -79,8 +83,12 @@ class BackgroundPlans(Generic[K, V]):
         """
         fut, mine = self._claim(key, background=True)
         if mine:
-            threading.Thread(target=self._run, args=(key, fut),
+            threading.Thread(target=self._run_in_background, args=(key, fut),
                              name=f"lance_ray-{self._name}-prefetch").start()
+
+    def _run_in_background(self, key: K, fut: Future[V]) -> None:
+        with _ONE_BUILD_AT_A_TIME:
+            self._run(key, fut)
 
     def ready(self, key: K) -> V | None:
         """The value of ``key`` if its build has finished successfully, else None."""

@@ -58,6 +58,11 @@ class PlanSource(Protocol):
         resize); called before each delivery (``rows``: a per-sample one), so it is cheap."""
         ...
 
+    def ahead(self, spec: PlanSpec, owned: Sequence[int]) -> None:
+        """The view handed over its first batch of ``spec``: start building the next
+        epoch's plan of ``owned``, if this source builds plans ahead."""
+        ...
+
 
 PartKey = tuple[PlanSpec, tuple[int, ...]]
 
@@ -73,11 +78,15 @@ class LocalPlans:
             BackgroundPlans(self._build, name="view plan")
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
-        part = self.plans.get((spec, tuple(owned)))
+        return self.plans.get((spec, tuple(owned)))
+
+    def ahead(self, spec: PlanSpec, owned: Sequence[int]) -> None:
+        # Started at the first handover, not with the epoch's plan: a build of a large
+        # table's plan is seconds of CPU, which the first batch's reads would otherwise
+        # share (a mixture, one build per source).
         upcoming = next_epoch(spec)
         if upcoming is not None and self.table.plans_ahead:
             self.plans.prefetch((upcoming, tuple(owned)))
-        return part
 
     def _build(self, key: PartKey) -> SplitPlan:
         return build_part(self.table, self.rows_after_filter, key[0], key[1])

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
+from torch.utils.data import get_worker_info
 
 from ..plan.sources import PlanSource
 from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
@@ -95,6 +96,8 @@ class ViewCore:
         self._set_plan(spec)
 
     def __getstate__(self) -> dict[str, Any]:
+        if not self._planned_ahead and get_worker_info() is None:
+            self._plan_ahead()
         state = dict(self.__dict__)
         state["_lease"] = None  # iterators stay in their process
         return state
@@ -107,6 +110,7 @@ class ViewCore:
         """Switch to ``plan`` from its start; any running iterator becomes stale."""
         self._plan, self._identity = plan, plan.identity()
         self._spec = spec
+        self._planned_ahead = False
         zeros = [0] * spec.num_splits
         self._new_cursor(zeros, zeros, batches=0, origin=True)
         self._mode.reset()
@@ -177,6 +181,15 @@ class ViewCore:
                 "a new iterator to continue"
             )
         self._plans.check_current(rows=rows)
+        if not self._planned_ahead and get_worker_info() is None:
+            self._plan_ahead()
+
+    def _plan_ahead(self) -> None:
+        """Start building the next epoch's plan: at the first handover of this plan's
+        batches, so that the first batch's reads have the cores to themselves, or when the
+        view is sent to DataLoader workers (which never plan ahead themselves)."""
+        self._planned_ahead = True
+        self._plans.ahead(self._spec, self._owned)
 
     def _where(self) -> str:
         """Where the epoch stands, for the periodic progress log."""
