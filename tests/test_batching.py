@@ -1,6 +1,7 @@
 """Cutting a rank's stream into read requests (pure, no table)."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -84,3 +85,19 @@ def test_wide_rows_read_a_few_rows_at_a_time_narrow_rows_up_to_the_row_bound():
     narrow = ReadSizing(65536, row_bytes=276)  # the benchmark table
     assert narrow.first_rows == FIRST_READ_ROWS and narrow.steady_rows == 60_787
     assert ReadSizing(65536).steady_rows == 65536  # width unknown (remote): rows alone
+
+
+@settings(deadline=None, max_examples=100)
+@given(max_rows=st.integers(1, 100_000), row_bytes=st.integers(1, 1 << 20),
+       share=st.floats(0.001, 1.0))
+def test_a_streams_share_of_the_first_read_is_that_share_then_it_grows_as_a_whole_stream(
+        max_rows, row_bytes, share):
+    """A mixture's source reads its share of one table's first read first (the first batch
+    waits for no more rows than one table's would), and then reads as one table does."""
+    whole = ReadSizing(max_rows, row_bytes)
+    part = ReadSizing(max_rows, row_bytes, first_share=share)
+    sizes, whole_sizes = (list(itertools.islice(s.sizes(), 20)) for s in (part, whole))
+    assert 1 <= sizes[0] == part.first_rows <= whole_sizes[0]
+    assert sizes[0] == max(1, math.ceil(whole_sizes[0] * share))
+    assert sizes == whole_sizes if sizes[0] == whole_sizes[0] else \
+        sizes[1:] == whole_sizes[:-1]

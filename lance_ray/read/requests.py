@@ -3,6 +3,7 @@ came back, what it cost, and how large successive reads grow (sized by bytes, bo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,9 @@ class ReadSizing:
     target_bytes: int = READ_TARGET_BYTES
     budget_bytes: int = PREFETCH_BUDGET_BYTES
     budget_given: bool = False  # the user set budget_bytes (a cap on the Ray reader's memory)
+    # The stream's share of its consumer's first batch: a mixture's source reads only its
+    # share of what one table's first read would be.
+    first_share: float = 1.0
 
     def _rows(self, nbytes: int, cap: int) -> int:
         if self.row_bytes is None:
@@ -115,6 +119,10 @@ class ReadSizing:
     @property
     def first_rows(self) -> int:
         """Rows of the first read: small, so the first batch comes quickly."""
+        return max(1, math.ceil(self._first_whole * self.first_share))
+
+    @property
+    def _first_whole(self) -> int:
         return self._rows(FIRST_READ_BYTES, min(self.steady_rows, FIRST_READ_ROWS))
 
     def nbytes(self, rows: int) -> int:
@@ -126,10 +134,13 @@ class ReadSizing:
         first batch waits only for a small read; the steady state gets large reads, which
         Lance serves much faster per row (a take has a fixed cost, and denser row ids share
         pages) and Ray Data schedules with less overhead per row."""
-        size, top = self.first_rows, self.steady_rows
-        while True:
+        yield self.first_rows
+        size, top = self._first_whole, self.steady_rows
+        if size > self.first_rows:  # a stream's share of a first read: then a whole one
             yield size
+        while True:
             size = min(2 * size, top)
+            yield size
 
 
 def read_sizes(chunk_rows: int) -> Iterator[int]:

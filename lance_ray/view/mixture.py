@@ -12,7 +12,7 @@ import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -140,6 +140,8 @@ class MixtureDataset(IterableDataset):
                              f"the filter, or fewer than num_splits={num_splits}); remove them "
                              "or lower num_splits")
         self._pack, self._link = pack, link  # link: the coordinator of an attached view
+        for v, w in zip(views, weights):  # the first batch waits for one table's first read
+            v._reads.sizing = replace(v._reads.sizing, first_share=w / sum(weights))
         self._meta = mixture_meta(
             [source_meta(v._table.uri, v._table.version, f, v._plan.total_rows)
              for f, v in zip(filters, views)],
