@@ -112,3 +112,65 @@ def test_a_mixed_batch_puts_every_row_at_its_step_joined_or_part_by_part(weights
         assert out is not None
         assert out["id"].tolist() == want.tolist()
         assert out["v"][:, 0].tolist() == sources.astype(float).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 9), min_size=2, max_size=4), st.integers(1, 40),
+       st.integers(1, 6), st.integers(1, 200), st.booleans(), st.integers(0, 2**31 - 1))
+def test_a_run_of_batches_assembled_at_once_gives_the_batches_made_one_by_one(
+        weights, batch, n_batches, run_rows, ragged, seed):
+    """Narrow rows: consecutive batches are put in step order with one scatter and cut
+    into views; the batches equal those made one at a time (and with a list column, which
+    the run assembles batch by batch). ``runs`` keeps every batch once, in order, within
+    ``run_rows`` samples a run, and never runs a batch that changes a source's pass."""
+    import numpy as np
+    import torch
+
+    from lance_ray.read.convert import Columns
+    from lance_ray.view import mix_batches
+
+    schedule = Schedule(integer_weights(weights))
+    left = [int(x) for x in np.random.default_rng(seed).integers(1, 30, len(weights))]
+    plan = list(mix_batches.plan_batches(schedule, 0, batch * n_batches, batch, left,
+                                         [30] * len(weights), [0] * len(weights)))
+    groups = list(mix_batches.runs(iter(plan), run_rows))
+    assert [mb for g in groups for mb in g] == plan
+    for g in groups:
+        if len(g) > 1:
+            assert sum(len(mb.sources) for mb in g) <= run_rows
+            assert all(len(s) <= 1 for mb in g for s in mb.segments)
+            passes = {(i, s[0][0]) for mb in g for i, s in enumerate(mb.segments) if s}
+            assert len(passes) == len({i for i, _ in passes})
+
+    def rows(i: int, pass_no: int, lo: int, hi: int) -> Columns:
+        ids = torch.arange(lo, hi) + 1000 * i + 100 * pass_no
+        data = {"id": ids, "v": ids[:, None].float().repeat(1, 2)}
+        if ragged:
+            data["name"] = [f"{i}:{x}" for x in ids.tolist()]
+        return Columns(data, hi - lo, 0)
+
+    def parts_of(batches: list) -> tuple[list[list[Columns]], list[list[int]]]:
+        parts: list[list[Columns]] = [[] for _ in weights]
+        counts = [[0] * len(batches) for _ in weights]
+        for k, mb in enumerate(batches):
+            for i, segments in enumerate(mb.segments):
+                for pass_no, lo, hi in segments:
+                    # cut at an arbitrary point, as reads are
+                    mid = (lo + hi) // 2
+                    parts[i] += [rows(i, pass_no, a, b) for a, b in ((lo, mid), (mid, hi))
+                                 if b > a]
+                    counts[i][k] += hi - lo
+        return parts, counts
+
+    for g in groups:
+        parts, counts = parts_of(g)
+        got = mix_batches.mixed_run(parts, counts, [mb.sources for mb in g])
+        assert len(got) == len(g)
+        for mb, out in zip(g, got):
+            one, _ = parts_of([mb])
+            want = mix_batches.mixed_batch(one, mb.sources, None)
+            assert out.keys() == want.keys()
+            for key in want:
+                a, b = out[key], want[key]
+                assert (a.tolist() if isinstance(a, torch.Tensor) else a) == \
+                    (b.tolist() if isinstance(b, torch.Tensor) else b), key

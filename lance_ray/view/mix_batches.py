@@ -25,6 +25,9 @@ SOURCE_KEY = "source"
 # A batch column up to this size is joined before its one scatter (the copy is cheaper
 # than a call per part); a larger one is scattered part by part.
 JOIN_BYTES = 1 << 20
+# Narrow rows: consecutive batches of up to this many bytes are assembled at once (one
+# scatter, then a view per batch), as a batch's fixed cost would outweigh its rows' copy.
+RUN_BYTES = 2 << 20
 
 
 @dataclass
@@ -65,6 +68,72 @@ def plan_batches(schedule: Schedule, step: int, end: int, batch_size: int,
         step += len(sources)
 
 
+def cut(parts: deque[Any], n: int, out: list[Any]) -> int:
+    """Move up to ``n`` samples from the front of ``parts`` to ``out`` (the first part
+    whole, or a slice of it); how many were moved."""
+    part = parts[0]
+    if len(part) <= n:
+        out.append(parts.popleft())
+        return len(part)
+    out.append(part[:n])
+    parts[0] = part[n:]
+    return n
+
+
+def runs(batches: Iterator[MixBatch], rows: int) -> Iterator[list[MixBatch]]:
+    """``batches`` in runs of consecutive batches to assemble at once: growing from one
+    batch (the first batch waits for no more reads than its own) by doubling to at most
+    ``rows`` samples (a larger batch alone), each source in one pass throughout, and no
+    batch that moves a source to its next pass (that one alone)."""
+    run: list[MixBatch] = []
+    size, cap, passes = 0, 1, dict[int, int]()
+    for mb in batches:
+        mine = {i: segments[0][0] for i, segments in enumerate(mb.segments) if segments}
+        alone = any(len(segments) > 1 for segments in mb.segments)
+        if run and (alone or size + len(mb.sources) > cap
+                    or any(passes.get(i, p) != p for i, p in mine.items())):
+            yield run
+            run, cap, size, passes = [], min(rows, 2 * max(cap, size)), 0, {}
+        run.append(mb)
+        size += len(mb.sources)
+        passes.update(mine)
+        if alone:
+            yield run
+            run, cap, size, passes = [], min(rows, 2 * max(cap, size)), 0, {}
+    if run:
+        yield run
+
+
+def mixed_run(parts: Sequence[list[Any]], counts: Sequence[Sequence[int]],
+              sources: Sequence[np.ndarray]) -> list[Any]:
+    """The batches of a run: ``parts[i]`` holds source ``i``'s samples of the whole run,
+    ``counts[i][k]`` of them batch ``k``'s, whose steps' sources are ``sources[k]``. Tensor
+    columns are put in step order once for the run and each batch is a view of its rows;
+    other columns are assembled batch by batch."""
+    import torch
+
+    steps = np.concatenate(sources)
+    flat = [p for ps in parts for p in ps]
+    out = scattered(parts, steps) if all(isinstance(p, Columns) for p in flat) else None
+    if out is None:
+        queues = [deque(ps) for ps in parts]
+        batches = []
+        for k, src in enumerate(sources):
+            mine: list[list[Any]] = [[] for _ in parts]
+            for i, q in enumerate(queues):
+                n = counts[i][k]
+                while n:
+                    n -= cut(q, n, mine[i])
+            batches.append(mixed_batch(mine, src, None))
+        return batches
+    out[SOURCE_KEY] = torch.from_numpy(steps.astype(np.int64))
+    batches, at = [], 0
+    for src in sources:
+        batches.append({name: v[at : at + len(src)] for name, v in out.items()})
+        at += len(src)
+    return batches
+
+
 class SourceBuffer:
     """The read-ahead batches of one source's pass, taken from in order."""
 
@@ -88,14 +157,7 @@ class SourceBuffer:
                                        "still counted on; this is a bug in lance_ray")
                 self.cost = self.cost + batch.cost
                 self._parts.append(batch.payload)
-            part = self._parts[0]
-            if len(part) <= n:
-                out.append(self._parts.popleft())
-                n -= len(part)
-            else:
-                out.append(part[:n])
-                self._parts[0] = part[n:]
-                n = 0
+            n -= cut(self._parts, n, out)
         return out
 
     def prime(self) -> None:

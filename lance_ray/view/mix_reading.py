@@ -18,7 +18,16 @@ from ..read.requests import NO_COST, ReadCost
 from ..stream.mixing import Schedule, end_step
 from ..topology import valid_world_sizes
 from .iteration import CONCURRENT, Lease
-from .mix_batches import MixBatch, SourceBuffer, mixed_batch, mixed_items, plan_batches
+from .mix_batches import (
+    RUN_BYTES,
+    MixBatch,
+    SourceBuffer,
+    mixed_batch,
+    mixed_items,
+    mixed_run,
+    plan_batches,
+    runs,
+)
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -191,35 +200,81 @@ class MixProgress:
         # for their sum.
         with ThreadPoolExecutor(len(buffers), thread_name_prefix="mixture-read") as pool:
             list(pool.map(lambda b: b and b.prime(), buffers))
+        run_rows = self._run_rows(batch_size) if as_tensors else 1
         try:
-            for mb in self.plan(batch_size or 1):
-                self.check_current(generation)
-                parts: list[list[Any]] = [[] for _ in self.views]
-                for i, segments in enumerate(mb.segments):
-                    for pass_no, lo, hi in segments:
-                        self._enter_pass(i, pass_no)
-                        b = buffers[i]
-                        if b is None or b.pass_no != pass_no:
-                            if b is not None:
-                                b.close()
-                            b = buffers[i] = SourceBuffer(self._pass_objs[i].read_batches(
-                                group[i], as_tensors=as_tensors), pass_no)
-                        parts[i] += b.take(hi - lo, time.monotonic)
-                        cost, wait = b.booked()
-                        self._deliver(i, hi - lo, cost, wait)
-                if batch_size is None:
-                    self._stepped(1, batches=0)
-                    yield mixed_items(parts, mb.sources)[0]
-                else:
-                    out = mixed_batch(parts, mb.sources, collate_fn)
-                    self._stepped(len(mb.sources), batches=1)
-                    yield out
+            for run in runs(self.plan(batch_size or 1), run_rows):
+                if len(run) > 1 and self._in_current_passes(run):
+                    yield from self._read_run(run, buffers, group, generation)
+                    continue
+                for mb in run:
+                    self.check_current(generation)
+                    parts: list[list[Any]] = [[] for _ in self.views]
+                    for i, segments in enumerate(mb.segments):
+                        for pass_no, lo, hi in segments:
+                            b = self._buffer(buffers, i, pass_no, group[i], as_tensors)
+                            parts[i] += b.take(hi - lo, time.monotonic)
+                            cost, wait = b.booked()
+                            self._deliver(i, hi - lo, cost, wait)
+                    if batch_size is None:
+                        self._stepped(1, batches=0)
+                        yield mixed_items(parts, mb.sources)[0]
+                    else:
+                        out = mixed_batch(parts, mb.sources, collate_fn)
+                        self._stepped(len(mb.sources), batches=1)
+                        yield out
             self.finished(generation)
         finally:
             for buf in buffers:
                 if buf is not None:
                     buf.close()
             self.close()
+
+    def _buffer(self, buffers: list[SourceBuffer | None], i: int, pass_no: int, group: int,
+                as_tensors: bool) -> SourceBuffer:
+        """Source ``i``'s buffer of pass ``pass_no``, entering that pass if it is new."""
+        self._enter_pass(i, pass_no)
+        b = buffers[i]
+        if b is None or b.pass_no != pass_no:
+            if b is not None:
+                b.close()
+            b = buffers[i] = SourceBuffer(self._pass_objs[i].read_batches(
+                group, as_tensors=as_tensors), pass_no)
+        return b
+
+    def _run_rows(self, batch_size: int | None) -> int:
+        """Samples of consecutive batches to assemble at once: ``RUN_BYTES`` of rows (one
+        batch when rows are wide, or of unknown width)."""
+        widths = [w for v in self.views if (w := v._reads.sizing.row_bytes) is not None]
+        if batch_size is None or len(widths) < len(self.views):
+            return 1
+        return max(batch_size, RUN_BYTES // max(1, *widths))
+
+    def _in_current_passes(self, run: list[MixBatch]) -> bool:
+        return all(segments[0][0] == self._passes[i] for mb in run
+                   for i, segments in enumerate(mb.segments) if segments)
+
+    def _read_run(self, run: list[MixBatch], buffers: list[SourceBuffer | None],
+                  group: list[int], generation: int) -> Iterator[Any]:
+        """The batches of ``run`` (every source in its current pass throughout), their rows
+        taken and put in step order at once, each committed as it is handed over."""
+        self.check_current(generation)
+        counts = [[sum(hi - lo for _, lo, hi in mb.segments[i]) for mb in run]
+                  for i in range(len(self.views))]
+        parts: list[list[Any]] = [[] for _ in self.views]
+        booked: list[tuple[ReadCost, float]] = [(NO_COST, 0.0)] * len(self.views)
+        for i, n in enumerate(counts):
+            if sum(n):
+                b = self._buffer(buffers, i, self._passes[i], group[i], True)
+                parts[i] = b.take(sum(n), time.monotonic)
+                booked[i] = b.booked()
+        for k, out in enumerate(mixed_run(parts, counts, [mb.sources for mb in run])):
+            self.check_current(generation)
+            for i, n in enumerate(counts):
+                if n[k]:
+                    self._deliver(i, n[k], *booked[i])
+                    booked[i] = (NO_COST, 0.0)
+            self._stepped(len(run[k].sources), batches=1)
+            yield out
 
     def check_current(self, generation: int) -> None:
         """Refuse an iterator of an older ``generation``."""
