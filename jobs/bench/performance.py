@@ -54,7 +54,7 @@ def fmt(value: Any, column: str) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value).replace("|", "\\|")
     name = column.lower()
-    if name.startswith(("x ", "median x", "ratio")) or name in ("min", "max"):
+    if name.startswith(("x ", "median x", "ratio")) or " vs " in name or name in ("min", "max"):
         return f"{value:.2f}x"
     if "/s" in name:
         return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.1f}k"
