@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lance_ray.read.ray_data import RayDataReader
 from lance_ray.read.requests import ReadSizing
 from lance_ray.read.run_ahead import BUDGET_KEY, TASK_KEY, RunAhead
-from lance_ray.read.scale import capacity, run_ahead_budget
+from lance_ray.read.scale import capacity, consumer_outputs, run_ahead_budget
 
 MB = 1 << 20
 
@@ -51,7 +51,8 @@ def test_the_pipeline_runs_without_ray_datas_reservation_within_its_bound(ray_se
     # does not cap it; a prefetch_bytes the user set would).
     cpus = int(ray.cluster_resources()["CPU"])
     assert capacity(None).slots == cpus
-    assert context.get_config(BUDGET_KEY) == run_ahead_budget(2_000_000, capacity(None), None)
+    assert context.get_config(BUDGET_KEY) == run_ahead_budget(
+        2_000_000, capacity(None), None, consumer_outputs(reader.prefetch_batches))
     assert context.get_config(BUDGET_KEY) >= cpus * 2_000_000
 
 

@@ -14,6 +14,7 @@ from lance_ray.read.requests import ChunkRequest
 from lance_ray.read.run_ahead import RunAhead
 from lance_ray.read.scale import (
     Capacity,
+    consumer_outputs,
     rechunked,
     run_ahead_budget,
     slots_on,
@@ -70,16 +71,20 @@ def test_slots_follow_the_nodes_and_what_a_task_asks_for():
     assert slots_on(nodes, task_demand({"num_cpus": 0.5})) == 28
 
 
+HELD = consumer_outputs(2)  # what the trainer holds with the default prefetch
+
+
 def _shape(rows=100_000, slots=8, spr=0.004, out=12_288, store=1 << 40, cap=None):
     return task_shape(rows, Capacity(slots, store), seconds_per_row=spr, in_row_bytes=80,
-                      out_row_bytes=out, read_bytes=64 * MB, most_rows=1024, budget_cap=cap)
+                      out_row_bytes=out, read_bytes=64 * MB, most_rows=1024, budget_cap=cap,
+                      consumer=HELD)
 
 
 def test_a_pass_is_spread_over_every_slot_in_tasks_of_bounded_work():
     shape = _shape(rows=6000)
     assert shape.rows == 6000 // (8 * scale.WAVES)  # 1 s of work: within the bounds
-    # One running and the rest waiting per slot.
-    assert shape.budget == scale.OUTPUTS_PER_SLOT * 8 * shape.task_bytes
+    # One running and the rest waiting per slot, beside what the trainer holds.
+    assert shape.budget == (scale.OUTPUTS_PER_SLOT * 8 + HELD) * shape.task_bytes
     # A long pass: tasks of at most MAX_TASK_SECONDS; a short one: at least MIN.
     assert _shape(rows=10**7).rows == int(scale.MAX_TASK_SECONDS / 0.004)
     assert _shape(rows=100).rows == int(scale.MIN_TASK_SECONDS / 0.004)
@@ -88,18 +93,23 @@ def test_a_pass_is_spread_over_every_slot_in_tasks_of_bounded_work():
 
 
 @given(task=st.integers(1, 1 << 28), slots=st.integers(1, 1024),
-       store=st.integers(0, 1 << 42), cap=st.one_of(st.none(), st.integers(0, 1 << 40)))
+       store=st.integers(0, 1 << 42), cap=st.one_of(st.none(), st.integers(0, 1 << 40)),
+       prefetch=st.integers(1, 16))
 def test_the_run_ahead_keeps_every_slot_busy_within_the_memory_and_always_admits_one_task(
-        task, slots, store, cap):
-    budget = run_ahead_budget(task, Capacity(slots, store), cap)
+        task, slots, store, cap, prefetch):
+    held = consumer_outputs(prefetch)
+    budget = run_ahead_budget(task, Capacity(slots, store), cap, held)
     memory = store if cap is None else min(store, cap)
     assert budget >= task  # never stalls on its own bound
     assert budget <= max(task, memory)  # prefetch_bytes and the store cap it
-    if memory >= scale.OUTPUTS_PER_SLOT * slots * task:
-        # Room for a few outputs per slot: every slot runs while others' outputs wait.
-        assert budget == scale.OUTPUTS_PER_SLOT * slots * task
-        assert RunAhead(budget, task).admits(running=slots - 1, queued_bytes=task,
-                                             measured_task_bytes=0)
+    if memory >= (scale.OUTPUTS_PER_SLOT * slots + held) * task:
+        # Ray Data counts the blocks the trainer holds against the pipeline: with those
+        # held and an output waiting per slot, every slot still gets a task. (Left out,
+        # they took all but one task's room on two slots.)
+        assert budget == (scale.OUTPUTS_PER_SLOT * slots + held) * task
+        assert RunAhead(budget, task).admits(running=slots - 1,
+                                             queued_bytes=(held + slots) * task,
+                                             measured_task_bytes=task)
 
 
 def test_memory_shrinks_tasks_and_says_so_only_when_one_task_per_slot_does_not_fit():
@@ -108,7 +118,8 @@ def test_memory_shrinks_tasks_and_says_so_only_when_one_task_per_slot_does_not_f
     # prefetch_bytes caps the memory: tasks shrink so two per slot fit, and one line says
     # that one task's output per CPU did not.
     capped = _shape(rows=10**7, out=50_000, cap=128 * MB)
-    assert capped.budget <= 128 * MB and capped.rows == 128 * MB // (2 * 8 * 50_000)
+    assert capped.budget <= 128 * MB
+    assert capped.rows == 128 * MB // ((2 * 8 + HELD) * 50_000)
     assert capped.short is not None and "prefetch_bytes" in capped.short
     assert "8 x" in capped.short
     # A store too small for even one row per slot still runs, one task at a time.
@@ -119,10 +130,10 @@ def test_memory_shrinks_tasks_and_says_so_only_when_one_task_per_slot_does_not_f
 def test_without_a_measured_cost_or_output_size_tasks_only_cut_reads():
     shape = task_shape(10**6, Capacity(4, 1 << 40), seconds_per_row=None, in_row_bytes=80,
                        out_row_bytes=None, read_bytes=64 * MB, most_rows=1024,
-                       budget_cap=None)
+                       budget_cap=None, consumer=HELD)
     assert shape.rows == 1024
     # Ray Data's measured outputs are counted against the memory.
     assert shape.budget == 1 << 40
     assert task_shape(600, Capacity(4, 1 << 40), seconds_per_row=None, in_row_bytes=80,
                       out_row_bytes=None, read_bytes=64 * MB, most_rows=1024,
-                      budget_cap=None).rows == 50
+                      budget_cap=None, consumer=HELD).rows == 50

@@ -56,6 +56,7 @@ from .scale import (
     Capacity,
     TaskShape,
     capacity,
+    consumer_outputs,
     rechunked,
     run_ahead_budget,
     split_rows,
@@ -151,7 +152,8 @@ class RayDataReader:
             return None
         task_bytes = max(sizing.nbytes(len(r.row_ids)) for r in requests)
         budget = run_ahead_budget(task_bytes, capacity(self.ray_remote_args),
-                                  sizing.budget_bytes if sizing.budget_given else None)
+                                  sizing.budget_bytes if sizing.budget_given else None,
+                                  consumer_outputs(self.prefetch_batches))
         return RunAhead(budget, task_bytes)
 
     def _chunk(self, block: pa.Table) -> list[ChunkResult]:
@@ -253,7 +255,8 @@ class RayDataReader:
                            seconds_per_row=seconds_per_row, in_row_bytes=sizing.row_bytes,
                            out_row_bytes=out_per_row, read_bytes=sizing.target_bytes,
                            most_rows=max((len(r.row_ids) for r in reqs), default=1),
-                           budget_cap=sizing.budget_bytes if sizing.budget_given else None)
+                           budget_cap=sizing.budget_bytes if sizing.budget_given else None,
+                           consumer=consumer_outputs(self.prefetch_batches))
         if shape.short is not None:
             logger.warning("lance_ray: %s", shape.short)
         logger.info("lance_ray Ray reader: %d task slots, tasks of %d rows (%.3f s/row "

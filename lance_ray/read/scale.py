@@ -40,6 +40,21 @@ OUTPUTS_PER_SLOT = 4
 STORE_SHARE = 0.25
 
 
+
+
+def consumer_outputs(prefetch: int) -> int:
+    """Task outputs the consuming process itself may hold, on top of the run-ahead.
+
+    Ray Data counts a block against its pipeline until every reference to it is gone, so
+    the blocks the trainer's process holds take the budget like blocks not yet sent: Ray
+    Data's window of ``prefetch`` blocks, as many being converted (``ahead``'s depth) and
+    one pulled and waiting for room, the block being cut into batches, and the one the last
+    batch handed over still views. Left out of the budget, they took all but one task's
+    room on two slots: one task ran at a time, the other slot idle.
+    """
+    return 2 * prefetch + 3
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What the reads may use: task ``slots`` (tasks that can run at once) and the
@@ -100,15 +115,15 @@ def pipeline_memory(cap: Capacity, budget_cap: int | None) -> int:
 
 def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
                in_row_bytes: int, out_row_bytes: int | None, read_bytes: int,
-               most_rows: int, budget_cap: int | None) -> TaskShape:
+               most_rows: int, budget_cap: int | None, consumer: int) -> TaskShape:
     """Rows per task and the run-ahead budget for ``total_rows`` transformed rows.
 
     The pass is spread over ``cap.slots`` in ``WAVES``; with a measured ``seconds_per_row``
     a task holds ``MIN_TASK_SECONDS`` to ``MAX_TASK_SECONDS`` of work. A task reads and
     writes at most ``read_bytes`` (its one take), at most ``most_rows`` rows when its output
     size is unknown (``out_row_bytes`` None: items that travel as pickles), and two tasks'
-    output per slot fit in the memory (the object store's share, ``budget_cap`` if the user
-    set one).
+    output per slot, with the ``consumer``'s own (``consumer_outputs``), fit in the memory
+    (the object store's share, ``budget_cap`` if the user set one).
     """
     rows = max(1, math.ceil(total_rows / (cap.slots * WAVES)))
     if seconds_per_row:
@@ -119,7 +134,7 @@ def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
     rows = min(rows, read_bytes // max(in_row_bytes, out, 1))
     if out_row_bytes is None:
         rows = min(rows, most_rows)
-    fitting = memory // max(2 * cap.slots * out, 1)
+    fitting = memory // max((2 * cap.slots + consumer) * out, 1)
     short = None
     if fitting < rows:
         wanted = rows
@@ -136,15 +151,17 @@ def task_shape(total_rows: int, cap: Capacity, *, seconds_per_row: float | None,
         # Outputs of unknown size: the run-ahead bound counts what Ray Data measures of
         # them, within the memory.
         return TaskShape(rows, task_bytes, memory, short)
-    return TaskShape(rows, task_bytes, run_ahead_budget(task_bytes, cap, budget_cap), short)
+    return TaskShape(rows, task_bytes,
+                     run_ahead_budget(task_bytes, cap, budget_cap, consumer), short)
 
 
-def run_ahead_budget(task_bytes: int, cap: Capacity, budget_cap: int | None) -> int:
+def run_ahead_budget(task_bytes: int, cap: Capacity, budget_cap: int | None,
+                     consumer: int) -> int:
     """The bytes a pipeline of tasks of ``task_bytes`` output each may hold in flight (the
     one rule for plain reads and transformed tasks alike): ``OUTPUTS_PER_SLOT`` outputs per
-    slot, within the object store's share and the user's ``prefetch_bytes`` (``budget_cap``)
-    if set, but always one task."""
-    wanted = OUTPUTS_PER_SLOT * cap.slots * task_bytes
+    slot and the ``consumer``'s own (``consumer_outputs``), within the object store's share
+    and the user's ``prefetch_bytes`` (``budget_cap``) if set, but always one task."""
+    wanted = (OUTPUTS_PER_SLOT * cap.slots + consumer) * task_bytes
     return max(task_bytes, min(pipeline_memory(cap, budget_cap), wanted))
 
 
