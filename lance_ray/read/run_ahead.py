@@ -6,9 +6,11 @@ jobs.bench.reservation`` compares the two). Without the reservation, though, Ray
 Data admits every read task at once and the reads fill the object store ahead of a slow
 trainer. So a pipeline here turns the reservation off and bounds itself with
 ``RunAheadPolicy`` instead: a read task is submitted only while the bytes of the tasks
-running and of the blocks done and not yet taken by the consumer stay within a budget. A
-submitted task cannot be taken back, so a task counts from its submission, at its read's
-size or at the largest output Ray Data has measured, whichever is larger.
+running and of the blocks done and not yet released stay within a budget. Ray Data counts
+a block until its last reference is gone, so the blocks the consumer holds count too; the
+budget leaves room for them (``scale.consumer_outputs``). A submitted task cannot be taken
+back, so a task counts from its submission, at its read's size or at the largest output
+Ray Data has measured, whichever is larger.
 """
 
 from __future__ import annotations
