@@ -40,8 +40,6 @@ OUTPUTS_PER_SLOT = 4
 STORE_SHARE = 0.25
 
 
-
-
 def consumer_outputs(prefetch: int) -> int:
     """Task outputs the consuming process itself may hold, on top of the run-ahead.
 

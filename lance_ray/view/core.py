@@ -96,8 +96,7 @@ class ViewCore:
         self._set_plan(spec)
 
     def __getstate__(self) -> dict[str, Any]:
-        if not self._planned_ahead and get_worker_info() is None:
-            self._plan_ahead()
+        self._plan_ahead()
         state = dict(self.__dict__)
         state["_lease"] = None  # iterators stay in their process
         return state
@@ -181,13 +180,14 @@ class ViewCore:
                 "a new iterator to continue"
             )
         self._plans.check_current(rows=rows)
-        if not self._planned_ahead and get_worker_info() is None:
-            self._plan_ahead()
+        self._plan_ahead()
 
     def _plan_ahead(self) -> None:
-        """Start building the next epoch's plan: at the first handover of this plan's
-        batches, so that the first batch's reads have the cores to themselves, or when the
-        view is sent to DataLoader workers (which never plan ahead themselves)."""
+        """Start building the next epoch's plan, once per plan: at the first handover of
+        its batches, so that the first batch's reads have the cores to themselves, or when
+        the view is sent to DataLoader workers (which never plan ahead themselves)."""
+        if self._planned_ahead or get_worker_info() is not None:
+            return
         self._planned_ahead = True
         self._plans.ahead(self._spec, self._owned)
 
