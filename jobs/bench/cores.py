@@ -1,6 +1,7 @@
 """Many-core benchmark: PNG decode and 64 KB rows against the core limit, and the probe.
 
-    python -m jobs.bench.cores --cores 16 --out DIR [--small] [--machine "16-core H200 machine"]
+    python -m jobs.bench.cores --cores 16 --out DIR [--small] [--images N] [--blobs N]
+                               [--machine "16-core H200 machine"]
 
 One run, ``ray.init(num_cpus=N)`` with N = ``--cores``, each figure written to
 ``<out>/cores.json`` as soon as its case finishes (the shared bench format):
@@ -200,11 +201,14 @@ class Writer:
         self.path.write_text(json.dumps(self.doc, indent=1) + "\n")
 
 
-def run(cores: int, out: Path, small: bool, machine: str) -> None:
+def run(cores: int, out: Path, small: bool, machine: str, images: int | None = None,
+        blobs: int | None = None) -> None:
     import ray
 
-    sizes = SMALL if small else FULL
-    command = f"python -m jobs.bench.cores --cores {cores}" + (" --small" if small else "")
+    sizes = dict(SMALL if small else FULL)
+    sizes["images"], sizes["blobs"] = images or sizes["images"], blobs or sizes["blobs"]
+    command = f"python -m jobs.bench.cores --cores {cores}" + (" --small" if small else "") \
+        + (f" --images {images}" if images else "") + (f" --blobs {blobs}" if blobs else "")
     write = Writer(out, cores, machine, command)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as db:
@@ -269,6 +273,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", default="docs/bench")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument("--images", type=int, default=None,
+                        help="PNGs in the table (default 60,000; --small 2,500)")
+    parser.add_argument("--blobs", type=int, default=None,
+                        help="64 KB rows in the table (default 32,000; --small 1,200)")
     parser.add_argument("--machine", default=None)
     args = parser.parse_args(argv)
     os.environ.update(ENV)
@@ -276,7 +284,7 @@ def main(argv: list[str]) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p)
     machine = args.machine or f"{os.cpu_count()}-core machine"
-    run(args.cores, Path(args.out), args.small, machine)
+    run(args.cores, Path(args.out), args.small, machine, args.images, args.blobs)
 
 
 if __name__ == "__main__":

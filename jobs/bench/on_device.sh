@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The many-core and GPU benchmarks in one bounded run on the accelerator machine (16 cores,
+# one GPU, no Ray or Lance installed: ../shared/device/README.md).
+#
+#   bash jobs/bench/on_device.sh [cores|device|all] [--small]
+#
+# From the dev machine, with the bundle built (../shared/device/make_bundle.sh writes .dev1-3),
+# three `run` calls in a row, each carrying one piece (a machine goes back 30 s after a call):
+#   carry [".dev1"]: mkdir -p /tmp/stage && cp .dev1/* /tmp/stage/
+#   carry [".dev2"]: cp .dev2/* /tmp/stage/
+#   carry [".dev3"]: cp .dev3/* /tmp/stage/ && bash jobs/bench/on_device.sh cores
+# then `bash jobs/bench/on_device.sh device` on the same warm machine. Each phase stays under
+# the 600 s a call may run; the benchmarks write each figure to $OUT as its case ends, so a
+# phase cut short still returns what it measured. Copy $OUT/cores.json and device.json to
+# docs/bench/cores-h200.json and device-h200.json, then run
+# `python -m jobs.bench.performance` to refresh docs/performance.md.
+set -uo pipefail
+phase=${1:-all}
+small=${2:-}
+out=${OUT:-/tmp/lance_ray_out}
+mkdir -p "$out"
+here=$(pwd)
+
+if ! python3 -c "import ray, lancedb, lance" 2>/dev/null; then
+  if [ ! -d /tmp/site/ray ]; then
+    ls /tmp/stage/site.part.* >/dev/null || { echo "no bundle in /tmp/stage" >&2; exit 2; }
+    cat /tmp/stage/site.part.* | python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/site')"
+  fi
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$here PYTHONUNBUFFERED=1
+cores=$(nproc)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+machine="$cores-core ${gpu:-no-GPU} machine"
+{ echo "$machine"; nproc; free -g; nvidia-smi 2>/dev/null | head -15; } > "$out/machine.txt"
+
+if [ -n "$small" ]; then
+  sizes=(--small); device_rows=(--small)
+else
+  # Sized so that each phase ends well inside a call's 600 s on 16 cores: the reference's
+  # images (about 3k/s there) are the longest case.
+  sizes=(--images 30000 --blobs 16000); device_rows=()
+fi
+
+if [ "$phase" = cores ] || [ "$phase" = all ]; then
+  timeout 330 python3 -m jobs.bench.cores --cores "$cores" --out "$out" --machine "$machine" \
+    "${sizes[@]}" 2>&1 | tee "$out/cores.log" | grep -v "INFO\|WARNING" | tail -40
+fi
+if [ "$phase" = device ] || [ "$phase" = all ]; then
+  timeout 300 python3 -m jobs.bench.device --out "$out" --machine "$machine" \
+    "${device_rows[@]}" 2>&1 | tee "$out/device.log" | grep -v "INFO\|WARNING" | tail -40
+fi
+ls -l "$out"
