@@ -19,8 +19,11 @@ One run, ``ray.init(num_cpus=N)`` with N = ``--cores``, each figure written to
 * the probe: N declared CPUs, a transform that waits 2 ms per row (``jobs.bench.scaling``),
   the Ray reader and the reference as fractions of the ideal N / 2 ms.
 
-Each row gives rows/s, the fraction of its limit, and the trainer process's CPU per row
-(``getrusage``: its copy out of the object store, conversion and batching).
+Each row gives rows/s, the fraction of its limit, the trainer process's CPU per row
+(``getrusage``: its copy out of the object store, conversion and batching), the CPU per row
+of the trainer and its local Ray cluster together, and the cores that kept busy (rows/s x
+that CPU per row). Where the cores are all busy, a reader's rate is the cores over its CPU
+per row: the last two columns say whether a reader is short of cores or of work.
 """
 
 from __future__ import annotations
@@ -174,6 +177,21 @@ def lance_ray_pass(table: Any, rows: int, **kw: Any) -> dict[str, float]:
     return timed(rows, (b["id"] if isinstance(b, dict) else b for b in ds.iter_batches(BATCH)))
 
 
+def with_all_cpu(rows: int, one_pass: Any, *args: Any, **kw: Any) -> dict[str, float]:
+    """``one_pass(*args, **kw)``'s figures, plus the CPU per row of this process and of the
+    local Ray cluster it started (``ray_cost.cpu_by_process``: the Ray reader's workers and
+    Ray's own processes), and so the cores that were busy: where a reader's extra work goes
+    when the cores are all used."""
+    from .ray_cost import cpu_by_process
+
+    before = sum(cpu for _, cpu in cpu_by_process().values())
+    r = one_pass(*args, **kw)
+    spent = sum(cpu for _, cpu in cpu_by_process().values()) - before
+    r["all_us_row"] = spent / rows * 1e6
+    r["cores_busy"] = r["rows_s"] * spent / rows
+    return r
+
+
 class Writer:
     """Appends result rows to ``<out>/cores.json`` as each case finishes."""
 
@@ -183,7 +201,8 @@ class Writer:
         self.doc = {"name": "cores", "title": f"Real work on {cores} cores: rows/s against "
                     "the single-thread limit x cores", "machine": machine,
                     "command": command, "date": datetime.date.today().isoformat(),
-                    "columns": ["case", "reader", "rows/s", "x limit", "trainer CPU us/row"],
+                    "columns": ["case", "reader", "rows/s", "x limit", "trainer CPU us/row",
+                                "all CPU us/row", "cores busy"],
                     "rows": self.rows, "notes": [
                         "Limit: the single-thread rate of the work (PNG decode + normalise; "
                         "a sequential scan for 64 KB rows) measured in the same run, times "
@@ -191,12 +210,17 @@ class Writer:
                         "N single-thread processes at once: the same work split over N "
                         "processes started together, what the cores give in parallel (below "
                         "1x the limit where cores share a physical core or memory bandwidth).",
-                        "Trainer CPU: the consuming process's own CPU (getrusage) per row.",
+                        "Trainer CPU: the consuming process's own CPU (getrusage) per row. "
+                        "All CPU: the trainer's and its local Ray cluster's processes' (/proc); "
+                        "cores busy = rows/s x all CPU per row.",
                         "The Ray reader transforms its first rows in the trainer while its "
                         "pipeline starts (a thread beyond N): a short probe can pass N/W."]}
 
-    def add(self, case: str, reader: str, rows_s: float, limit: float, cpu: float) -> None:
-        self.rows.append([case, reader, round(rows_s), round(rows_s / limit, 3), round(cpu, 1)])
+    def add(self, case: str, reader: str, rows_s: float, limit: float,
+            r: dict[str, float] | None = None) -> None:
+        cpu = [None] * 3 if r is None else [round(r["cpu_us_row"], 1),
+                                            round(r["all_us_row"], 1), round(r["cores_busy"], 2)]
+        self.rows.append([case, reader, round(rows_s), round(rows_s / limit, 3), *cpu])
         print(self.rows[-1], flush=True)
         self.path.write_text(json.dumps(self.doc, indent=1) + "\n")
 
@@ -216,10 +240,10 @@ def run(cores: int, out: Path, small: bool, machine: str, images: int | None = N
         print(f"tables in {time.perf_counter() - started:.1f}s", flush=True)
         images, n = tables["images"], sizes["images"]
         limit = single_thread_rate(images, sizes["limit_images"], decode) * cores
-        write.add("images", f"limit: single-thread decode x {cores}", limit, limit, 0.0)
+        write.add("images", f"limit: single-thread decode x {cores}", limit, limit)
         together = parallel_rate(images, min(n, sizes["limit_images"] * cores), cores, False)
         write.add("images", f"{cores} single-thread processes decoding at once", together,
-                  limit, 0.0)
+                  limit)
         ray.init(address="local", num_cpus=cores, include_dashboard=False,
                  log_to_driver=False)
         try:
@@ -228,34 +252,33 @@ def run(cores: int, out: Path, small: bool, machine: str, images: int | None = N
             for label, kw in (("lance_ray Ray reader, defaults", {"reader": "ray"}),
                               (f"lance_ray local reader, transform_parallelism={cores}",
                                {"reader": "local", "transform_parallelism": cores})):
-                r = lance_ray_pass(images, n, transform=decode, **kw)
-                write.add("images", label, r["rows_s"], limit, r["cpu_us_row"])
-            r = reference(images, n, decode, None)
-            write.add("images", "reference, default threads", r["rows_s"], limit,
-                      r["cpu_us_row"])
+                r = with_all_cpu(n, lance_ray_pass, images, n, transform=decode, **kw)
+                write.add("images", label, r["rows_s"], limit, r)
+            r = with_all_cpu(n, reference, images, n, decode, None)
+            write.add("images", "reference, default threads", r["rows_s"], limit, r)
             blobs, m = tables["blobs"], sizes["blobs"]
             limit = scan_rate(blobs) * cores
-            write.add("64 KB rows", f"limit: single-thread scan x {cores}", limit, limit, 0.0)
+            write.add("64 KB rows", f"limit: single-thread scan x {cores}", limit, limit)
             together = parallel_rate(blobs, m, cores, True)
             write.add("64 KB rows", f"{cores} single-thread processes scanning at once",
-                      together, limit, 0.0)
+                      together, limit)
             lance_ray_pass(blobs, m, reader="ray")  # warm-up
             for label, kw in (("lance_ray Ray reader", {"reader": "ray"}),
                               ("lance_ray local reader", {"reader": "local"})):
-                r = lance_ray_pass(blobs, m, **kw)
-                write.add("64 KB rows", label, r["rows_s"], limit, r["cpu_us_row"])
-            r = reference(blobs, m, None, None)
-            write.add("64 KB rows", "reference", r["rows_s"], limit, r["cpu_us_row"])
+                r = with_all_cpu(m, lance_ray_pass, blobs, m, **kw)
+                write.add("64 KB rows", label, r["rows_s"], limit, r)
+            r = with_all_cpu(m, reference, blobs, m, None, None)
+            write.add("64 KB rows", "reference", r["rows_s"], limit, r)
             probe = f"probe: {cores} CPUs, {PROBE_WAIT * 1e3:g} ms/row"
             ideal = cores / PROBE_WAIT
             rows = int(ideal * (1.5 if small else 3.0))
             table = _probe_table(db, rows)
             lance_ray_pass(table, rows, reader="ray", transform=Wait(PROBE_WAIT / 8))
-            r = lance_ray_pass(table, rows, reader="ray", transform=Wait(PROBE_WAIT))
-            write.add(probe, "lance_ray Ray reader", r["rows_s"], ideal, r["cpu_us_row"])
-            r = reference(table, rows, Wait(PROBE_WAIT), cores)
-            write.add(probe, f"reference, {cores} threads", r["rows_s"], ideal,
-                      r["cpu_us_row"])
+            r = with_all_cpu(rows, lance_ray_pass, table, rows, reader="ray",
+                             transform=Wait(PROBE_WAIT))
+            write.add(probe, "lance_ray Ray reader", r["rows_s"], ideal, r)
+            r = with_all_cpu(rows, reference, table, rows, Wait(PROBE_WAIT), cores)
+            write.add(probe, f"reference, {cores} threads", r["rows_s"], ideal, r)
         finally:
             ray.shutdown()
     print(f"done in {time.perf_counter() - started:.1f}s", flush=True)
