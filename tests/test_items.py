@@ -110,6 +110,18 @@ def test_columns_collate_and_rebuild_exactly_like_the_items(make, n, data):
     assert isinstance(wire, ItemColumns)
     assert_same(wire.collated(), want)
     assert_same(wire.items(), items[lo:hi])
+    # A block may reach the trainer in several chunks: each is copied straight into the
+    # items' arrays, which are writable (torch) and hold none of the block's memory.
+    whole = to_arrow(cols)
+    cut = data.draw(st.integers(0, n))
+    chunked = from_arrow(pa.concat_tables([whole.slice(0, cut), whole.slice(cut)])
+                         .slice(lo, hi - lo))
+    assert isinstance(chunked, ItemColumns)
+    assert_same(chunked.items(), items[lo:hi])
+    for col in chunked.columns:
+        if isinstance(col, np.ndarray):
+            owner = col if col.base is None else col.base
+            assert col.flags.writeable and owner.flags.owndata
     joined = ItemColumns.concat([cols[:lo], cols[lo:]])
     assert joined is not None
     assert_same(joined.items(), items)

@@ -334,14 +334,23 @@ def _leaf_column(kind: Node, col: pa.ChunkedArray, n: int) -> np.ndarray | list[
         return col.to_pylist()
     dtype = np.dtype(SCALAR_DTYPES[tag] if tag in SCALAR_DTYPES else kind[1])
     shape = tuple(kind[2]) if tag in ("ndarray", "tensor") else ()
-    arr = col.combine_chunks()
-    if pa.types.is_null(arr.type):
+    if pa.types.is_null(col.type):
         return np.zeros((n, *shape), dtype=dtype)
-    flat = arr.flatten() if pa.types.is_fixed_size_list(arr.type) else arr
-    out = flat.to_numpy(zero_copy_only=False)
-    out = out.view(np.bool_) if dtype == np.bool_ else out
-    # One copy: writable for torch, and no view pinning the block in Ray's object store.
-    return np.array(out, copy=True).reshape((n, *shape))
+    # One copy, straight from the block's chunks into a new array: writable for torch, and
+    # no view pinning the block in Ray's object store. (Joining the chunks first was a
+    # second copy of every item, a third of the trainer's CPU on decoded images.)
+    out = np.empty(n * int(np.prod(shape, dtype=np.int64)), dtype=dtype)
+    at = 0
+    for chunk in col.chunks:
+        flat = chunk.flatten() if pa.types.is_fixed_size_list(chunk.type) else chunk
+        values = flat.to_numpy(zero_copy_only=False)
+        values = values.view(np.bool_) if dtype == np.bool_ else values
+        out[at:at + len(values)] = values
+        at += len(values)
+    if at != len(out):
+        raise ValueError(f"a transform's column holds {at} values where {len(out)} were due "
+                         f"for {n} items of shape {shape}")
+    return out.reshape((n, *shape))
 
 
 def from_arrow(table: pa.Table) -> ItemColumns | list[Any]:
