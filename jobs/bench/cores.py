@@ -200,7 +200,7 @@ class Writer:
                     "the single-thread limit x cores", "machine": machine,
                     "command": command, "date": datetime.date.today().isoformat(),
                     "columns": ["case", "reader", "rows/s", "x limit", "trainer CPU us/row",
-                                "all CPU us/row", "cores busy"],
+                                "of it kernel", "all CPU us/row", "cores busy"],
                     "rows": self.rows, "notes": [
                         "Limit: the single-thread rate of the work (PNG decode + normalise; "
                         "a sequential scan for 64 KB rows) measured in the same run, times "
@@ -208,15 +208,17 @@ class Writer:
                         "N single-thread processes at once: the same work split over N "
                         "processes started together, what the cores give in parallel (below "
                         "1x the limit where cores share a physical core or memory bandwidth).",
-                        "Trainer CPU: the consuming process's own CPU (getrusage) per row. "
-                        "All CPU: the trainer's and its local Ray cluster's processes' (/proc); "
-                        "cores busy = rows/s x all CPU per row.",
+                        "Trainer CPU: the consuming process's own CPU (getrusage) per row; of "
+                        "it kernel: its system time, file reads from the page cache and fresh "
+                        "buffers' pages faulted in and zeroed. All CPU: the trainer's and its "
+                        "local Ray cluster's processes' (/proc); cores busy = rows/s x all CPU "
+                        "per row.",
                         "The Ray reader transforms its first rows in the trainer while its "
                         "pipeline starts (a thread beyond N): a short probe can pass N/W."]}
 
     def add(self, case: str, reader: str, rows_s: float, limit: float,
             r: dict[str, float] | None = None) -> None:
-        cpu = [None] * 3 if r is None else [round(r["cpu_us_row"], 1),
+        cpu = [None] * 4 if r is None else [round(r["cpu_us_row"], 1), round(r["sys_us_row"], 1),
                                             round(r["all_us_row"], 1), round(r["cores_busy"], 2)]
         self.rows.append([case, reader, round(rows_s), round(rows_s / limit, 3), *cpu])
         print(self.rows[-1], flush=True)
