@@ -5,7 +5,8 @@ the pinned host-to-device copy alone; Lance's random take (4096 sorted ids a cal
 stream into the GPU; Lance's random takes as K concurrent streams, reads only (the full-shuffle
 limit of the disk); lance_ray's local and Ray readers with ``device="cuda"``; the reference
 (``lancedb.streaming``) with ``DataLoader(pin_memory=True)``, bounded in time. Without CUDA
-the same reads run without the copy. Results go to ``DIR/device.json`` as each case ends.
+the same reads run without the copy. Results go to ``DIR/NAME.json`` (``--name``, default
+``device``) as each case ends.
 """
 
 from __future__ import annotations
@@ -278,12 +279,12 @@ def two_streams() -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- the report
 class Report:
-    """``device.json`` in the shared bench format, rewritten as each case ends."""
+    """``<name>.json`` in the shared bench format, rewritten as each case ends."""
 
-    def __init__(self, out: Path, machine: str, command: str, rows: int):
-        self.path = out / "device.json"
+    def __init__(self, out: Path, machine: str, command: str, rows: int, name: str = "device"):
+        self.path = out / f"{name}.json"
         self.data: dict[str, Any] = {
-            "name": "device",
+            "name": name,
             "title": f"Full shuffle of {rows:,} rows x {DIM} float32 (4 KB) into device memory, "
                      f"batch {BATCH}",
             "machine": machine, "command": command,
@@ -340,6 +341,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=None, help="default 500,000 (--small 20,000)")
     p.add_argument("--small", action="store_true", help="a quick run (< 60 s on 2 cores)")
     p.add_argument("--machine", default=None, help="the machine's name in the results")
+    p.add_argument("--name", default="device",
+                   help="the results' name: they go to OUT/NAME.json (default device)")
     p.add_argument("--db", default=None, help="where the table is written (default: a "
                    "temporary folder, removed at the end)")
     args = p.parse_args()
@@ -357,7 +360,7 @@ def main() -> None:
                                else f"{cores()}-core dev VM, no GPU (reads only, no copy)")
     command = "python -m jobs.bench.device" + (" --small" if args.small else "") + (
         f" --rows {args.rows}" if args.rows else "")
-    report = Report(out, machine, command, rows)
+    report = Report(out, machine, command, rows, args.name)
     if args.small:
         report.data["notes"].append("--small: no warm-up pass for the Ray reader, so its "
                                     "figure includes Ray's workers starting.")

@@ -11,8 +11,8 @@
 #   carry [".dev3"]: cp .dev3/* /tmp/stage/ && bash jobs/bench/on_device.sh cores
 # then `bash jobs/bench/on_device.sh device` on the same warm machine. Each phase stays under
 # the 600 s a call may run; the benchmarks write each figure to $OUT as its case ends, so a
-# phase cut short still returns what it measured. Copy $OUT/cores.json and device.json to
-# docs/bench/cores-h200.json and device-h200.json, then run
+# phase cut short still returns what it measured. Copy $OUT/cores-<gpu>.json and
+# device-<gpu>.json (<gpu>: h200, h100, ...) to docs/bench/, then run
 # `python -m jobs.bench.performance` to refresh docs/performance.md.
 set -uo pipefail
 phase=${1:-all}
@@ -32,6 +32,9 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$here PYTHONUNBUFFERED=1
 cores=$(nproc)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 machine="$cores-core ${gpu:-no-GPU} machine"
+# The results' names, as docs/bench keeps them: cores-h200.json, device-h200.json, ...
+tag=$(echo "$gpu" | grep -oiE '[a-z][0-9]{2,4}' | head -1 | tr '[:upper:]' '[:lower:]')
+tag=${tag:-${cores}core}
 { echo "$machine"; nproc; free -g; nvidia-smi 2>/dev/null | head -15; } > "$out/machine.txt"
 
 if [ -n "$small" ]; then
@@ -44,10 +47,11 @@ fi
 
 if [ "$phase" = cores ] || [ "$phase" = all ]; then
   timeout 330 python3 -m jobs.bench.cores --cores "$cores" --out "$out" --machine "$machine" \
+    --name "cores-$tag" \
     "${sizes[@]}" 2>&1 | tee "$out/cores.log" | grep -v "INFO\|WARNING" | tail -40
 fi
 if [ "$phase" = device ] || [ "$phase" = all ]; then
-  timeout 300 python3 -m jobs.bench.device --out "$out" --machine "$machine" \
+  timeout 300 python3 -m jobs.bench.device --out "$out" --machine "$machine" --name "device-$tag" \
     "${device_rows[@]}" 2>&1 | tee "$out/device.log" | grep -v "INFO\|WARNING" | tail -40
 fi
 ls -l "$out"
