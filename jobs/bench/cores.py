@@ -1,8 +1,7 @@
 """Many-core benchmark: PNG decode and 64 KB rows against the core limit, and the probe.
 
     python -m jobs.bench.cores --cores 16 --out DIR [--name NAME] [--small] [--images N]
-        [--blobs N]
-                               [--machine "16-core H200 machine"]
+                               [--blobs N] [--machine "16-core H200 machine"]
 
 One run, ``ray.init(num_cpus=N)`` with N = ``--cores``, each figure written to
 ``<out>/<name>.json`` (default ``cores-<N>core``) as soon as its case finishes (the shared
