@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from . import buffers
+
 T = TypeVar("T")
 
 
@@ -88,7 +90,7 @@ def cat_tensors(tensors: list[Any]) -> Any:
         arrays = [t.numpy() for t in tensors]
     except (TypeError, RuntimeError):
         return torch.cat(tensors)
-    return torch.from_numpy(np.concatenate(arrays))
+    return torch.from_numpy(buffers.concatenate(arrays))
 
 
 def chunks_of(col: pa.Array | pa.ChunkedArray) -> list[Any]:
@@ -132,8 +134,8 @@ def ragged(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None = None) -> 
     offsets = np.zeros(len(valid) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if order is None and valid.all():  # each chunk's rows are one run of its values
-        out = np.concatenate([p.values[p.starts[0] : p.starts[-1] + p.lengths[-1]]
-                              for p in parts if len(p.starts)] or [values[0][:0]])
+        out = buffers.concatenate([p.values[p.starts[0] : p.starts[-1] + p.lengths[-1]]
+                                   for p in parts if len(p.starts)] or [values[0][:0]])
     else:
         out = gather_rows(values, starts, lengths, offsets)
     return Ragged(torch.from_numpy(out), torch.from_numpy(offsets), torch.from_numpy(valid))
@@ -192,10 +194,10 @@ def gather_rows(values: list[np.ndarray], starts: np.ndarray, lengths: np.ndarra
     total = int(offsets[-1])
     if not len(lengths) or total < SLICED_ROW_ELEMENTS * len(lengths):
         flat = values[0] if len(values) == 1 else np.concatenate(values)
-        return flat[np.repeat(starts - offsets[:-1], lengths) + np.arange(total)]
+        return buffers.take(flat, np.repeat(starts - offsets[:-1], lengths) + np.arange(total))
     bases = np.cumsum([0, *(len(v) for v in values)])
     which = np.minimum(np.searchsorted(bases, starts, side="right") - 1, len(values) - 1)
-    out = np.empty((total, *values[0].shape[1:]), dtype=values[0].dtype)
+    out = buffers.empty((total, *values[0].shape[1:]), values[0].dtype)
     for k, start, at, length in zip(which.tolist(), (starts - bases[which]).tolist(),
                                     offsets[:-1].tolist(), lengths.tolist()):
         out[at : at + length] = values[k][start : start + length]
@@ -288,14 +290,18 @@ def numeric_rows(col: pa.Array | pa.ChunkedArray, order: np.ndarray | None
     if len(arrays) == 1:
         arr = arrays[0]
         if order is not None:
-            return np.take(arr, order, axis=0)
-        return arr if arr.flags.writeable else arr.copy()
+            return buffers.take(arr, order)
+        if arr.flags.writeable:
+            return arr
+        out = buffers.empty(arr.shape, arr.dtype)
+        np.copyto(out, arr)
+        return out
     if order is None:
-        return np.concatenate(arrays)
+        return buffers.concatenate(arrays)
     # Each chunk's rows go straight to their places: no combined copy in between.
     places = np.empty_like(order)
     places[order] = np.arange(len(order))
-    out = np.empty((len(order), *arrays[0].shape[1:]), dtype=arrays[0].dtype)
+    out = buffers.empty((len(order), *arrays[0].shape[1:]), arrays[0].dtype)
     lo = 0
     for arr in arrays:
         out[places[lo : lo + len(arr)]] = arr

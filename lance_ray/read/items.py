@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from . import buffers
+
 logger = logging.getLogger(__name__)
 
 LAYOUT_KEY = b"lance_ray.items"  # schema metadata: the JSON layout of columnar items
@@ -190,7 +192,7 @@ class ItemColumns:
             return None
         cols: list[np.ndarray | list[Any]] = []
         for j, first in enumerate(parts[0].columns):
-            cols.append(np.concatenate([p.columns[j] for p in parts])  # type: ignore[misc]
+            cols.append(buffers.concatenate([p.columns[j] for p in parts])  # type: ignore[misc]
                         if isinstance(first, np.ndarray)
                         else [x for p in parts for x in p.columns[j]])
         return ItemColumns(parts[0].layout, cols, sum(p.num_rows for p in parts))
@@ -339,7 +341,7 @@ def _leaf_column(kind: Node, col: pa.ChunkedArray, n: int) -> np.ndarray | list[
     # One copy, straight from the block's chunks into a new array: writable for torch, and
     # no view pinning the block in Ray's object store. (Joining the chunks first was a
     # second copy: ChunkedArray.combine_chunks copies even a single chunk.)
-    out = np.empty(n * int(np.prod(shape, dtype=np.int64)), dtype=dtype)
+    out = buffers.empty(n * int(np.prod(shape, dtype=np.int64)), dtype)
     at = 0
     for chunk in col.chunks:
         flat = chunk.flatten() if pa.types.is_fixed_size_list(chunk.type) else chunk

@@ -1,0 +1,133 @@
+"""Large conversion outputs in recycled memory.
+
+The consumer converts each read into tensors with one copy (``convert``), into a new array
+of the read's size. Such an array is larger than glibc serves from a thread's heap (the
+conversion runs on a pool thread, whose heaps are at most 64 MiB), so malloc maps it fresh and
+unmaps it when freed, and the kernel zeroes every page of every read's output again: on
+wide rows through the Ray reader, most of the trainer's CPU (``python -m jobs.bench.cores``
+prints the trainer's kernel time per row).
+
+:func:`empty` hands out arrays backed by buffers this module keeps: when the last array,
+view or tensor that uses a buffer is gone, the buffer comes back here for the next read
+(a buffer is never handed out twice while anything still uses it; that is what the lease's
+finalizer tracks). Up to ``KEEP_BYTES`` of free buffers are kept, the oldest released
+first. Smaller outputs use ``numpy.empty`` as before: malloc keeps and reuses those itself
+(``malloc``). ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's settings.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .malloc import OPT_OUT
+
+# Outputs at least this large are pooled (a thread's heap holds smaller ones well).
+POOLED_BYTES = 8 << 20
+# Free buffers kept for the next reads: a few reads' outputs.
+KEEP_BYTES = 256 << 20
+# Buffers come in whole multiples of this (a huge page), so reads of nearly equal size share.
+GRAIN = 2 << 20
+# A free buffer serves a request up to this factor smaller than itself.
+SLACK = 1.25
+
+
+class _Lease:
+    """What a pooled array views: numpy keeps it as the array's base, so it lives as long as
+    any array, view or tensor made from the array, and its end returns the buffer."""
+
+    __slots__ = ("__array_interface__", "buffer", "__weakref__")
+
+    def __init__(self, buffer: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any]):
+        self.buffer = buffer
+        self.__array_interface__ = {"shape": shape, "typestr": dtype.str, "version": 3,
+                                    "data": (buffer.ctypes.data, False)}
+
+
+class BufferPool:
+    """Buffers for arrays of at least ``pooled_bytes``, in multiples of ``grain``; at most
+    ``keep_bytes`` of free ones are kept, the oldest released first."""
+
+    def __init__(self, keep_bytes: int = KEEP_BYTES, pooled_bytes: int = POOLED_BYTES,
+                 grain: int = GRAIN):
+        self.keep_bytes, self.pooled_bytes, self.grain = keep_bytes, pooled_bytes, grain
+        self._free: list[np.ndarray] = []  # oldest first
+        self._lock = threading.Lock()
+        self.made = 0  # buffers allocated (a steady stream of reads reuses them)
+
+    def empty(self, shape: int | Sequence[int], dtype: Any) -> np.ndarray:
+        """A new uninitialised array of ``shape`` and ``dtype``, in a recycled buffer when
+        it is large."""
+        dt = np.dtype(dtype)
+        dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+        if nbytes < self.pooled_bytes or dt.hasobject or dt.names is not None \
+                or not keeps_freed_buffers():
+            return np.empty(dims, dt)
+        buffer = self._take(nbytes)
+        lease = _Lease(buffer, dims, dt)
+        weakref.finalize(lease, self._give_back, buffer)
+        return np.asarray(lease)
+
+    def free_bytes(self) -> int:
+        """Bytes of free buffers held now."""
+        with self._lock:
+            return sum(b.nbytes for b in self._free)
+
+    def _take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            best = None  # the smallest free buffer that fits
+            for i, b in enumerate(self._free):
+                if nbytes <= b.nbytes <= nbytes * SLACK + self.grain and (
+                        best is None or b.nbytes < self._free[best].nbytes):
+                    best = i
+            if best is not None:
+                return self._free.pop(best)
+            self.made += 1
+        return np.empty(-(-nbytes // self.grain) * self.grain, np.uint8)
+
+    def _give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buffer)
+            held = sum(b.nbytes for b in self._free)
+            while self._free and held > self.keep_bytes:
+                held -= self._free.pop(0).nbytes
+
+    def _after_fork(self) -> None:
+        # A forked child (a DataLoader worker) starts with no free buffers and a free lock:
+        # another thread may have held it at the fork.
+        self._free, self._lock = [], threading.Lock()
+
+
+POOL = BufferPool()
+os.register_at_fork(after_in_child=POOL._after_fork)
+
+
+def keeps_freed_buffers() -> bool:
+    """Whether buffers are pooled: not with ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` (``malloc``'s
+    opt-out, which covers this pool too)."""
+    return os.environ.get(OPT_OUT, "1") != "0"
+
+
+def empty(shape: int | Sequence[int], dtype: Any) -> np.ndarray:
+    """``numpy.empty``, from the process's pool of recycled buffers when large."""
+    return POOL.empty(shape, dtype)
+
+
+def concatenate(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """``numpy.concatenate`` of arrays along their first axis, into :func:`empty`."""
+    first = arrays[0]
+    out = empty((sum(len(a) for a in arrays), *first.shape[1:]),
+                np.result_type(*arrays))
+    return np.concatenate(arrays, out=out)
+
+
+def take(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]`` (rows along the first axis), into :func:`empty`."""
+    out = empty((len(rows), *values.shape[1:]), values.dtype)
+    return np.take(values, rows, axis=0, out=out)
