@@ -27,8 +27,10 @@ import numpy as np
 
 from .malloc import OPT_OUT
 
-# Outputs at least this large are pooled (a thread's heap holds smaller ones well).
-POOLED_BYTES = 8 << 20
+# Outputs at least this large are pooled: half a thread's heap (64 MiB), above which malloc
+# maps afresh. Smaller ones are left to malloc, which reuses them well; pooling them too
+# kept memory from malloc's own reuse, and it mapped more.
+POOLED_BYTES = 32 << 20
 # Free buffers kept for the next reads: a few reads' outputs.
 KEEP_BYTES = 256 << 20
 # Buffers come in whole multiples of this (a huge page), so reads of nearly equal size share.
