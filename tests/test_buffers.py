@@ -106,7 +106,7 @@ def test_a_forked_child_starts_with_an_empty_pool():
     code = (
         "import os, numpy as np\n"
         "from lance_ray.read import buffers\n"
-        "a = buffers.empty((16 << 20,), np.uint8); del a\n"
+        "a = buffers.empty((buffers.POOLED_BYTES,), np.uint8); del a\n"
         "assert buffers.POOL.free_bytes() > 0\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
