@@ -215,7 +215,11 @@ class Writer:
                         "local Ray cluster's processes' (/proc); cores busy = rows/s x all CPU "
                         "per row.",
                         "The Ray reader transforms its first rows in the trainer while its "
-                        "pipeline starts (a thread beyond N): a short probe can pass N/W."]}
+                        "pipeline starts (a thread beyond N): a short probe can pass N/W.",
+                        "All cases run in one process, in the order shown. The 64 KB limit is "
+                        "measured before any read has set malloc to keep freed buffers "
+                        "(docs/scaling.md), so the readers can exceed it. The probe's "
+                        "transform waits, so its cores are idle by design."]}
 
     def add(self, case: str, reader: str, rows_s: float, limit: float,
             r: dict[str, float] | None = None) -> None:
