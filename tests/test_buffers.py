@@ -59,16 +59,19 @@ def test_a_buffer_is_never_handed_out_while_anything_made_from_it_is_alive(steps
         del arr  # refcounting frees it now: no collection needed
         for thing, value in held:
             assert (np.asarray(thing) == value).all(), "a held batch changed"
-        assert pool.free_bytes() <= keep
+        # Free buffers never exceed the cap, nor the most that was in use at once.
+        assert pool.free_bytes() <= min(keep, pool.peak)
 
 
 def test_steady_reads_reuse_their_buffers_and_the_free_ones_stay_bounded():
+    """Kept: what was in use at once, within the cap."""
     pool = _pool(keep=64 * KB)
     for _ in range(50):
         a = pool.empty((3, 4 * KB), np.uint8)  # 12 KB: one buffer of 12 KB
         b = pool.empty((2 * KB,), np.float32)  # 8 KB
         del a, b
     assert pool.made == 2
+    assert pool.free_bytes() == pool.peak == 20 * KB  # both kept: they were in use at once
     for kb in range(5, 40):  # sizes no free buffer fits: new ones, the oldest let go
         pool.empty((kb * KB,), np.uint8)
     assert pool.free_bytes() <= 64 * KB

@@ -10,7 +10,8 @@ prints the trainer's kernel time per row).
 :func:`empty` hands out arrays backed by buffers this module keeps: when the last array,
 view or tensor that uses a buffer is gone, the buffer comes back here for the next read
 (a buffer is never handed out twice while anything still uses it; that is what the lease's
-finalizer tracks). Up to ``KEEP_BYTES`` of free buffers are kept, the oldest released
+finalizer tracks). Free buffers are kept up to the most the process had in use at once (so
+the pool adds nothing to its peak memory), at most ``KEEP_BYTES``; the oldest released go
 first. Smaller outputs use ``numpy.empty`` as before: malloc keeps and reuses those itself
 (``malloc``). ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's settings.
 """
@@ -31,8 +32,9 @@ from .malloc import OPT_OUT
 # maps afresh. Smaller ones are left to malloc, which reuses them well; pooling them too
 # kept memory from malloc's own reuse, and it mapped more.
 POOLED_BYTES = 32 << 20
-# Free buffers kept for the next reads: a few reads' outputs.
-KEEP_BYTES = 256 << 20
+# Free buffers kept for the next reads: at most what the process's outputs held at once
+# (a pass's run-ahead), so keeping them adds nothing to its peak; and at most this.
+KEEP_BYTES = 1 << 30
 # Buffers come in whole multiples of this (a huge page), so reads of nearly equal size share.
 GRAIN = 2 << 20
 # A free buffer serves a request up to this factor smaller than itself.
@@ -52,8 +54,9 @@ class _Lease:
 
 
 class BufferPool:
-    """Buffers for arrays of at least ``pooled_bytes``, in multiples of ``grain``; at most
-    ``keep_bytes`` of free ones are kept, the oldest released first."""
+    """Buffers for arrays of at least ``pooled_bytes``, in multiples of ``grain``. Free ones
+    are kept up to the most that were in use at once (``peak``), at most ``keep_bytes``;
+    the oldest released go first."""
 
     def __init__(self, keep_bytes: int = KEEP_BYTES, pooled_bytes: int = POOLED_BYTES,
                  grain: int = GRAIN):
@@ -61,6 +64,8 @@ class BufferPool:
         self._free: list[np.ndarray] = []  # oldest first
         self._lock = threading.Lock()
         self.made = 0  # buffers allocated (a steady stream of reads reuses them)
+        self._in_use = 0  # bytes of buffers handed out and not back yet
+        self.peak = 0  # the most bytes in use at once
 
     def empty(self, shape: int | Sequence[int], dtype: Any) -> np.ndarray:
         """A new uninitialised array of ``shape`` and ``dtype``, in a recycled buffer when
@@ -88,22 +93,29 @@ class BufferPool:
                 if nbytes <= b.nbytes <= nbytes * SLACK + self.grain and (
                         best is None or b.nbytes < self._free[best].nbytes):
                     best = i
-            if best is not None:
-                return self._free.pop(best)
-            self.made += 1
-        return np.empty(-(-nbytes // self.grain) * self.grain, np.uint8)
+            buffer = self._free.pop(best) if best is not None else None
+            if buffer is None:
+                self.made += 1
+                size = -(-nbytes // self.grain) * self.grain
+            else:
+                size = buffer.nbytes
+            self._in_use += size
+            self.peak = max(self.peak, self._in_use)
+        return np.empty(size, np.uint8) if buffer is None else buffer
 
     def _give_back(self, buffer: np.ndarray) -> None:
         with self._lock:
+            self._in_use -= buffer.nbytes
             self._free.append(buffer)
             held = sum(b.nbytes for b in self._free)
-            while self._free and held > self.keep_bytes:
+            while self._free and held > min(self.keep_bytes, self.peak):
                 held -= self._free.pop(0).nbytes
 
     def _after_fork(self) -> None:
         # A forked child (a DataLoader worker) starts with no free buffers and a free lock:
         # another thread may have held it at the fork.
         self._free, self._lock = [], threading.Lock()
+        self._in_use = self.peak = 0  # the parent's buffers are not the child's to return
 
 
 POOL = BufferPool()
