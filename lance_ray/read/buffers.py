@@ -10,10 +10,12 @@ prints the trainer's kernel time per row).
 :func:`empty` hands out arrays backed by buffers this module keeps: when the last array,
 view or tensor that uses a buffer is gone, the buffer comes back here for the next read
 (a buffer is never handed out twice while anything still uses it; that is what the lease's
-finalizer tracks). Free buffers are kept up to the most the process had in use at once (so
-the pool adds nothing to its peak memory), at most ``KEEP_BYTES``; the oldest released go
-first. Smaller outputs use ``numpy.empty`` as before: malloc keeps and reuses those itself
-(``malloc``). ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's settings.
+finalizer tracks). Free buffers are kept up to the most the process had in use at once (a
+pass's run-ahead, which it held anyway), at most ``KEEP_BYTES``; the oldest released go
+first. A free buffer too large or too small for a request stays free while a new one is
+made, so the process can hold somewhat more than at its busiest. Smaller outputs use
+``numpy.empty`` as before: malloc keeps and reuses those itself (``malloc``).
+``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's settings.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from .malloc import OPT_OUT
 # kept memory from malloc's own reuse, and it mapped more.
 POOLED_BYTES = 32 << 20
 # Free buffers kept for the next reads: at most what the process's outputs held at once
-# (a pass's run-ahead), so keeping them adds nothing to its peak; and at most this.
+# (a pass's run-ahead, which it held anyway), and at most this.
 KEEP_BYTES = 1 << 30
 # Buffers come in whole multiples of this (a huge page), so reads of nearly equal size share.
 GRAIN = 2 << 20
