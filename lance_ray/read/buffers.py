@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .malloc import OPT_OUT
+from .malloc import opted_out
 
 # Outputs at least this large are pooled: half a thread's heap (64 MiB), above which malloc
 # maps afresh. Smaller ones are left to malloc, which reuses them well; pooling them too
@@ -76,7 +76,7 @@ class BufferPool:
         dims = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
         if nbytes < self.pooled_bytes or dt.hasobject or dt.names is not None \
-                or not keeps_freed_buffers():
+                or opted_out():
             return np.empty(dims, dt)
         buffer = self._take(nbytes)
         lease = _Lease(buffer, dims, dt)
@@ -122,12 +122,6 @@ class BufferPool:
 
 POOL = BufferPool()
 os.register_at_fork(after_in_child=POOL._after_fork)
-
-
-def keeps_freed_buffers() -> bool:
-    """Whether buffers are pooled: not with ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` (``malloc``'s
-    opt-out, which covers this pool too)."""
-    return os.environ.get(OPT_OUT, "1") != "0"
 
 
 def empty(shape: int | Sequence[int], dtype: Any) -> np.ndarray:

@@ -32,11 +32,17 @@ OPT_OUT = "LANCE_RAY_KEEP_FREED_BUFFERS"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
+def opted_out() -> bool:
+    """Whether the user turned off keeping freed buffers (``LANCE_RAY_KEEP_FREED_BUFFERS=0``),
+    here and in the consumer's pool of conversion buffers (``buffers``)."""
+    return os.environ.get(OPT_OUT, "1") == "0"
+
+
 @functools.cache
 def keep_freed_buffers() -> bool:
     """Set this process's malloc to keep freed read buffers (once; see the module's doc).
     Returns whether it did."""
-    if os.environ.get(OPT_OUT, "1") == "0":
+    if opted_out():
         return False
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         return False
