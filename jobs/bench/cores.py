@@ -183,9 +183,9 @@ def with_all_cpu(rows: int, one_pass: Any, *args: Any, **kw: Any) -> dict[str, f
     when the cores are all used."""
     from .ray_cost import cpu_by_process
 
-    before = sum(cpu for _, cpu in cpu_by_process().values())
+    before = sum(u.cpu for u in cpu_by_process().values())
     r = one_pass(*args, **kw)
-    spent = sum(cpu for _, cpu in cpu_by_process().values()) - before
+    spent = sum(u.cpu for u in cpu_by_process().values()) - before
     r["all_us_row"] = spent / rows * 1e6
     r["cores_busy"] = r["rows_s"] * spent / rows
     return r

@@ -2,11 +2,14 @@
 
     python -m jobs.bench.ray_cost [--rows 12000] [--cpus 2] [--passes 2]
 
-Reads a table of 64 KB rows (full shuffle, batches of 256) with the local reader and the
-Ray reader, and prints for each pass its rows/s and the CPU seconds per row of every
-process that worked (from ``/proc``: the trainer, Ray's workers, Ray's own actors). Then it
-times Lance's sorted take of the same 256-row reads in this process and in a Ray worker,
-one stream each, so a difference in the read itself would show apart from contention.
+First it times a worker's writes into the fresh object store until they stop faulting in
+pages (``store_puts``), which also leaves the store's pages allocated for the passes. Then
+it reads a table of 64 KB rows (full shuffle, batches of 256) with the local reader and the
+Ray reader, and prints for each pass its rows/s, and the CPU seconds and page faults per row
+of every process that worked (from ``/proc``: the trainer, Ray's workers, Ray's own
+actors). Last it times Lance's sorted take of the same 256-row reads in this process and in
+a Ray worker, one stream each, so a difference in the read itself would show apart from
+contention.
 
 On a machine whose cores the reads fill, what the Ray reader adds per row (the copy into
 the object store, the task's fixed cost, the trainer's read out of it) is CPU the local
@@ -20,7 +23,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -28,10 +31,18 @@ import pyarrow as pa
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def cpu_by_process() -> dict[int, tuple[str, float]]:
-    """The name and CPU seconds so far (user + system) of this process and its descendants
+class Usage(NamedTuple):
+    """What one process has used so far."""
+
+    name: str
+    cpu: float  # seconds, user + system
+    faults: int  # minor page faults: pages mapped in on first touch (and zeroed when new)
+
+
+def cpu_by_process() -> dict[int, Usage]:
+    """The name, CPU seconds and page faults so far of this process and its descendants
     (the local Ray cluster it started), not of other work on the machine."""
-    seen: dict[int, tuple[int, str, float]] = {}
+    seen: dict[int, tuple[int, Usage]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
@@ -41,14 +52,15 @@ def cpu_by_process() -> dict[int, tuple[str, float]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        seen[int(pid)] = (int(fields[1]), name, (int(fields[11]) + int(fields[12])) / TICK)
+        seen[int(pid)] = (int(fields[1]), Usage(
+            name, (int(fields[11]) + int(fields[12])) / TICK, int(fields[7])))
     mine = {os.getpid()}
     grew = True
     while grew:
-        found = {pid for pid, (parent, _, _) in seen.items() if parent in mine}
+        found = {pid for pid, (parent, _) in seen.items() if parent in mine}
         grew = not found <= mine
         mine |= found
-    return {pid: (name, cpu) for pid, (_, name, cpu) in seen.items() if pid in mine}
+    return {pid: usage for pid, (_, usage) in seen.items() if pid in mine}
 
 
 def one_pass(table: Any, reader: str) -> None:
@@ -58,18 +70,22 @@ def one_pass(table: Any, reader: str) -> None:
     rows = sum(len(b["id"]) for b in lance_ray.StreamingDataset(table, reader=reader)
                .iter_batches(256))
     wall = time.perf_counter() - started
-    spent: dict[str, float] = {}
-    for pid, (name, cpu) in cpu_by_process().items():
-        used = cpu - before.get(pid, (name, 0.0))[1]
-        if used > 0.01:
+    spent: dict[str, list[float]] = {}
+    for pid, now in cpu_by_process().items():
+        then = before.get(pid, Usage(now.name, 0.0, 0))
+        if now.cpu - then.cpu > 0.01:
             key = "trainer" if pid == os.getpid() else (
-                "ray workers" if name.startswith("ray::") and "Actor" not in name else name)
-            spent[key] = spent.get(key, 0.0) + used
-    total = sum(spent.values())
+                "ray workers" if now.name.startswith("ray::") and "Actor" not in now.name
+                else now.name)
+            sums = spent.setdefault(key, [0.0, 0.0])
+            sums[0] += now.cpu - then.cpu
+            sums[1] += now.faults - then.faults
+    total = sum(cpu for cpu, _ in spent.values())
     print(f"{reader:5s} {rows / wall:9,.0f} rows/s  {total / wall:.2f} cores  "
           f"{total * 1e6 / rows:6.1f} us CPU/row in all:")
-    for key, used in sorted(spent.items(), key=lambda kv: -kv[1])[:5]:
-        print(f"        {used * 1e6 / rows:6.1f} us/row  {key}")
+    for key, (cpu, faults) in sorted(spent.items(), key=lambda kv: -kv[1][0])[:5]:
+        print(f"        {cpu * 1e6 / rows:6.1f} us/row  {faults / rows:5.1f} page faults/row  "
+              f"{key}")
 
 
 def take_us_per_row(ref: Any, ids: np.ndarray) -> float:
@@ -86,6 +102,52 @@ def take_us_per_row(ref: Any, ids: np.ndarray) -> float:
         take_sorted(ref, ids[lo:lo + 256], None)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1e6 / 256
+
+
+def store_puts(rows: int = 256, calls: int = 100, segments: int = 12) -> None:
+    """The object store's cost per 64 KB row as a worker writes into it: an actor returns
+    the same block of ``rows`` rows ``calls`` times per segment, until a segment faults in
+    almost no pages (the store's pages are then mapped in that worker) or after
+    ``segments``. Prints the first and the last segment: a fresh cluster's first gigabytes
+    cost each worker its store pages' faults (and the kernel their zeroing)."""
+    import resource
+
+    import ray
+
+    @ray.remote
+    class Source:
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.block = pa.table({"blob": pa.array([rng.bytes(64 << 10)
+                                                     for _ in range(rows)])})
+
+        def used(self) -> tuple[float, int]:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime, r.ru_minflt
+
+        def block_(self) -> pa.Table:
+            return self.block
+
+    source = Source.remote()  # type: ignore[attr-defined]
+    written = 0
+    for segment in range(segments):
+        cpu, faults = ray.get(source.used.remote())
+        for _ in range(calls):
+            ray.get(source.block_.remote())
+        cpu_after, faults_after = ray.get(source.used.remote())
+        written += calls * rows << 16
+        n = calls * rows
+        line = (f"object store put, {written >> 20:6,} MiB written: "
+                f"{(cpu_after - cpu) * 1e6 / n:5.1f} us/row in the worker, "
+                f"{(faults_after - faults) / n:4.1f} page faults/row")
+        if segment == 0:
+            print(line + " (fresh store)")
+        if (faults_after - faults) / n < 0.5:
+            print(line + " (warm)")
+            break
+    else:
+        print(line + f" (still faulting after {segments} segments)")
+    ray.kill(source)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -106,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                            "blob": pa.array([rng.bytes(64 << 10) for _ in range(args.rows)])}))
     ray.init(address="local", num_cpus=args.cpus, include_dashboard=False,
              log_to_driver=False)
+    store_puts()
     one_pass(table, "ray")  # warm-up: workers start, the table opens in each
     for _ in range(args.passes):
         one_pass(table, "ray")
