@@ -77,6 +77,21 @@ def test_steady_reads_reuse_their_buffers_and_the_free_ones_stay_bounded():
     assert pool.free_bytes() <= 64 * KB
 
 
+def test_a_request_no_free_buffer_fits_lets_the_oldest_free_one_go():
+    """When the reads change size (a new task shape), the buffers of the old size go back to
+    malloc one per miss, instead of staying while new ones are made beside them."""
+    pool = _pool(keep=1 << 20)
+    old = [pool.empty((8 * KB,), np.uint8) for _ in range(3)]
+    del old
+    assert pool.free_bytes() == 24 * KB
+    new = [pool.empty((40 * KB,), np.uint8) for _ in range(3)]  # too large for any of them
+    assert pool.free_bytes() == 0 and pool.made == 6
+    del new
+    for _ in range(10):  # the new size, asked for again, is served from what was kept
+        pool.empty((40 * KB,), np.uint8)
+    assert pool.made == 6
+
+
 def test_small_object_and_opted_out_arrays_are_plain_numpy(monkeypatch):
     pool = _pool()
     assert pool.empty((10,), np.float64).base is None

@@ -1,20 +1,21 @@
 """Large conversion outputs in recycled memory.
 
 The consumer converts each read into tensors with one copy (``convert``), into a new array
-of the read's size. Such an array is larger than glibc serves from a thread's heap (the
-conversion runs on a pool thread, whose heaps are at most 64 MiB), so malloc maps it fresh and
-unmaps it when freed, and the kernel zeroes every page of every read's output again: on
-wide rows through the Ray reader, most of the trainer's CPU (``python -m jobs.bench.cores``
-prints the trainer's kernel time per row).
+of the read's size. The conversion runs on a pool thread, whose malloc heaps are at most
+64 MiB: an array that large is mapped fresh and unmapped when freed, and arrays of a few MiB
+were faulted in again read after read too, so the kernel zeroed the pages of every read's
+output again. On wide rows through the Ray reader that was most of the trainer's CPU
+(``python -m jobs.bench.cores`` prints the trainer's kernel time per row).
 
 :func:`empty` hands out arrays backed by buffers this module keeps: when the last array,
 view or tensor that uses a buffer is gone, the buffer comes back here for the next read
 (a buffer is never handed out twice while anything still uses it; that is what the lease's
 finalizer tracks). Free buffers are kept up to the most the process had in use at once (a
 pass's run-ahead, which it held anyway), at most ``KEEP_BYTES``; the oldest released go
-first. A free buffer too large or too small for a request stays free while a new one is
-made, so the process can hold somewhat more than at its busiest. Smaller outputs use
-``numpy.empty`` as before: malloc keeps and reuses those itself (``malloc``).
+first. A request that no free buffer fits lets the oldest free one go back to malloc, which
+can reuse its memory, so sizes the reads no longer ask for (a new task shape) do not stay
+beside the new ones. Smaller outputs use
+``numpy.empty``: malloc keeps and reuses those itself (``malloc``).
 ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's settings.
 """
 
@@ -30,10 +31,11 @@ import numpy as np
 
 from .malloc import opted_out
 
-# Outputs at least this large are pooled: half a thread's heap (64 MiB), above which malloc
-# maps afresh. Smaller ones are left to malloc, which reuses them well; pooling them too
-# kept memory from malloc's own reuse, and it mapped more.
-POOLED_BYTES = 32 << 20
+# Outputs at least this large are pooled. A Ray reader spread over many task slots makes
+# smaller tasks, whose outputs (tens of MiB, a fraction of a thread's 64 MiB heap) malloc
+# kept faulting in afresh; with this floor the trainer's kernel time per row fell to a
+# fraction and stayed there (docs/scaling.md). Below it malloc reuses outputs well itself.
+POOLED_BYTES = 4 << 20
 # Free buffers kept for the next reads: at most what the process's outputs held at once
 # (a pass's run-ahead, which it held anyway), and at most this.
 KEEP_BYTES = 1 << 30
@@ -58,7 +60,7 @@ class _Lease:
 class BufferPool:
     """Buffers for arrays of at least ``pooled_bytes``, in multiples of ``grain``. Free ones
     are kept up to the most that were in use at once (``peak``), at most ``keep_bytes``;
-    the oldest released go first."""
+    the oldest released go first, and one goes whenever no free one fits a request."""
 
     def __init__(self, keep_bytes: int = KEEP_BYTES, pooled_bytes: int = POOLED_BYTES,
                  grain: int = GRAIN):
@@ -99,6 +101,10 @@ class BufferPool:
             if buffer is None:
                 self.made += 1
                 size = -(-nbytes // self.grain) * self.grain
+                if self._free:
+                    # No free buffer fits: give the oldest back to malloc, which can reuse
+                    # its memory, rather than keep sizes the reads no longer ask for.
+                    self._free.pop(0)
             else:
                 size = buffer.nbytes
             self._in_use += size
