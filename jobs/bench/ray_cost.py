@@ -110,8 +110,6 @@ def store_puts(rows: int = 256, calls: int = 100, segments: int = 12) -> None:
     almost no pages (the store's pages are then mapped in that worker) or after
     ``segments``. Prints the first and the last segment: a fresh cluster's first gigabytes
     cost each worker its store pages' faults (and the kernel their zeroing)."""
-    import resource
-
     import ray
 
     @ray.remote
@@ -121,28 +119,28 @@ def store_puts(rows: int = 256, calls: int = 100, segments: int = 12) -> None:
             self.block = pa.table({"blob": pa.array([rng.bytes(64 << 10)
                                                      for _ in range(rows)])})
 
-        def used(self) -> tuple[float, int]:
-            r = resource.getrusage(resource.RUSAGE_SELF)
-            return r.ru_utime + r.ru_stime, r.ru_minflt
+        def pid(self) -> int:
+            return os.getpid()
 
         def block_(self) -> pa.Table:
             return self.block
 
     source = Source.remote()  # type: ignore[attr-defined]
-    written = 0
+    pid = ray.get(source.pid.remote())
+    n, written = calls * rows, 0
     for segment in range(segments):
-        cpu, faults = ray.get(source.used.remote())
+        before = cpu_by_process()[pid]
         for _ in range(calls):
             ray.get(source.block_.remote())
-        cpu_after, faults_after = ray.get(source.used.remote())
-        written += calls * rows << 16
-        n = calls * rows
+        after = cpu_by_process()[pid]
+        written += n * (64 << 10)
+        faults = (after.faults - before.faults) / n
         line = (f"object store put, {written >> 20:6,} MiB written: "
-                f"{(cpu_after - cpu) * 1e6 / n:5.1f} us/row in the worker, "
-                f"{(faults_after - faults) / n:4.1f} page faults/row")
+                f"{(after.cpu - before.cpu) * 1e6 / n:5.1f} us/row in the worker, "
+                f"{faults:4.1f} page faults/row")
         if segment == 0:
             print(line + " (fresh store)")
-        if (faults_after - faults) / n < 0.5:
+        if faults < 0.5:
             print(line + " (warm)")
             break
     else:

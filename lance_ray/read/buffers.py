@@ -14,9 +14,9 @@ finalizer tracks). Free buffers are kept up to the most the process had in use a
 pass's run-ahead, which it held anyway), at most ``KEEP_BYTES``; the oldest released go
 first. A request that no free buffer fits lets the oldest free one go back to malloc, which
 can reuse its memory, so sizes the reads no longer ask for (a new task shape) do not stay
-beside the new ones. Smaller outputs use
-``numpy.empty``: malloc keeps and reuses those itself (``malloc``).
-``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's settings.
+beside the new ones. Smaller outputs use ``numpy.empty``: malloc keeps and reuses those
+itself (``malloc``). ``LANCE_RAY_KEEP_FREED_BUFFERS=0`` turns the pool off with malloc's
+settings.
 """
 
 from __future__ import annotations
