@@ -23,8 +23,9 @@ How:
   that use Ray attach to one local Ray (``num_cpus=2``) that this driver starts before any
   timing; the driver itself never opens Lance (the tables are written by a subprocess).
 * Each subprocess first warms up (its "cold" first batch includes Ray worker start-up;
-  Ray paths warm up on a small filtered table read to its end, because stopping a Ray Data
-  pipeline early kills the workers running its tasks), then runs ``--repeats`` timed
+  Ray paths warm up on one whole epoch read to its end: stopping a Ray Data pipeline early
+  kills the workers running its tasks, and a small filtered table left some of the task
+  slots' workers to start in the first timed epoch), then runs ``--repeats`` timed
   epochs. rows/s is their median; a pass counts from constructing the dataset to its last
   batch (so it includes building the epoch's plan); "steady" rows/s counts only after the
   first batch (the start-up is the separate time-to-first-batch figure); an epoch longer

@@ -40,11 +40,9 @@ FORKSERVER_PRELOAD = ["numpy", "pyarrow", "torch", "lance", "lancedb", "lance_ra
 def measure(runner: Runner, cfg: Config, spec: dict[str, Any]) -> dict[str, Any]:
     """Warm-up, the timed epochs, then the resumes from the states they captured."""
     if spec["warm_up"]:
-        # Ray worker start-up and first imports happen here (the "cold" first batch). Ray
-        # paths read a small filtered table to its end: stopping a Ray Data pipeline early
-        # cancels its running read tasks, which kills their worker processes.
-        if runner.warm is not None:
-            warm = timed_pass(runner, make=runner.warm, max_seconds=spec["max_seconds"])
+        # Ray worker start-up and first imports happen here (the "cold" first batch).
+        if runner.warm_whole_epoch:
+            warm = timed_pass(runner)
         else:
             warm = timed_pass(runner, max_rows=WARM_BATCHES * BATCH,
                               max_seconds=spec["max_seconds"])

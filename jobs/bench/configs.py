@@ -29,10 +29,6 @@ TAKE_ROWS = 4096  # rows per Lance call in the limit measurements
 WARM_BATCHES = 16
 
 
-WARM_FILTER = f"id < {2 * TAKE_ROWS}"  # the warm-up table of the Ray paths
-WIDE_WARM_FILTER = "id < 512"  # the same for the wide table (32 MB of 64 KB rows)
-
-
 FRACTIONS = (0.5, 0.9)
 
 

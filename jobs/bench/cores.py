@@ -195,7 +195,8 @@ class Writer:
     """Appends result rows to ``<out>/<name>.json`` as each case finishes."""
 
     def __init__(self, out: Path, name: str, cores: int, machine: str, command: str):
-        self.path, self.rows = out / f"{name}.json", []
+        self.path = out / f"{name}.json"
+        self.rows: list[list[Any]] = []
         out.mkdir(parents=True, exist_ok=True)
         self.doc = {"name": name, "title": f"Real work on {cores} cores: rows/s against "
                     "the single-thread limit x cores", "machine": machine,

@@ -51,7 +51,9 @@ def exported(results: list[dict[str, Any]], analysis: dict[str, Any], args: Any,
                 f"shuffle) or its sequential scan (clumps of {CLUMP}, no shuffle), the most a "
                 "loader can read at.",
                 "Every configuration runs in a fresh process; Ray configurations attach to "
-                "one local Ray started before any timing. Ratios come from the same run.",
+                "one local Ray started before any timing, and warm up on one whole epoch "
+                "first (so every task slot's worker has started). Ratios come from the same "
+                "run.",
                 *(["Short epochs (under 200,000 rows) are dominated by start-up: the Ray "
                    "reader's pipeline start and per-task overhead, the reference's plan build."]
                   if args.rows < 200_000 else []),

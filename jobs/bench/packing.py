@@ -93,11 +93,10 @@ def packing_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = N
                                                           num_workers=cfg.loader_workers))
         return ds, ds.iter_batches(PACK_BATCH)
 
-    # The Ray path warms up on one whole epoch read to its end (stopping a Ray Data
-    # pipeline early kills the workers running its tasks). A few documents were not
+    # Warmed up on one whole epoch (``Runner.warm_whole_epoch``). A few documents were not
     # enough: measured here, the next two epochs still waited 13-17 s for their first
     # block (Ray starting more read workers) against 2 s once warm.
-    return Runner(make_lr, count, epoch_tokens, warm=make_lr if cfg.needs_ray else None)
+    return Runner(make_lr, count, epoch_tokens, warm_whole_epoch=cfg.needs_ray)
 
 
 def token_limit_runner(uri: str, which: str, epoch_tokens: int) -> Runner:

@@ -61,8 +61,8 @@ def main(argv: list[str]) -> None:
     runners = {n: packing_runner(spec, configs[n])
                for n in ["pack-limit-scan", *names.values()]}
     for runner in runners.values():  # warm-up: imports, caches, Ray workers
-        if runner.warm is not None:
-            timed_pass(runner, make=runner.warm)
+        if runner.warm_whole_epoch:
+            timed_pass(runner)
         timed_pass(runner)
     ratios: dict[str, list[float]] = {r: [] for r in readers}
     scans = []

@@ -28,7 +28,6 @@ from .configs import (
     SEED,
     SPLITS,
     TAKE_ROWS,
-    WIDE_WARM_FILTER,
     Config,
 )
 from .export import exported
@@ -195,8 +194,6 @@ def main() -> None:
                 "repeats": 1 if once else {"wide": 2}.get(cfg.table, args.repeats),
                 "warm_up": not once,
                 "max_seconds": args.big_seconds if once else args.max_seconds}
-        if cfg.table == "wide":
-            spec["warm_filter"] = WIDE_WARM_FILTER
         r = run_child(cfg, spec, out, timeout=max(180.0, 8 * args.max_seconds),
                       ray_address=ray_address)
         results.append(r)

@@ -16,7 +16,6 @@ from .configs import (
     SHUFFLES,
     SPLITS,
     TAKE_ROWS,
-    WARM_FILTER,
     Config,
 )
 
@@ -52,8 +51,10 @@ class Runner:
     epoch_rows: int
     ids: Callable[[Any], int] | None = None
     state: Callable[[Any], dict] | None = None
-    # A small complete pass for warming up Ray (same code path, a filtered table).
-    warm: Callable[[dict | None], tuple[Any, Iterator[Any]]] | None = None
+    # Ray paths warm up on one whole epoch read to its end: stopping a Ray Data pipeline
+    # early kills the workers running its tasks, and a smaller (filtered) table ran fewer
+    # tasks than the timed epochs, which then started the other slots' workers themselves.
+    warm_whole_epoch: bool = False
 
 
 def close(it: Any) -> None:
@@ -114,12 +115,12 @@ def base_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None
     if cfg.kind == "ray_data":
         import ray.data
 
-        def make_ray(state: dict | None, filter: str | None = None) -> tuple[Any, Iterator[Any]]:
-            ds = ray.data.read_lance(spec["uri"], filter=filter)
+        def make_ray(state: dict | None) -> tuple[Any, Iterator[Any]]:
+            ds = ray.data.read_lance(spec["uri"])
             return ds, iter(ds.iter_torch_batches(batch_size=BATCH))
 
         return Runner(make_ray, lambda b: len(b["id"]), rows, ids=lambda b: int(b["id"].sum()),
-                      warm=lambda state: make_ray(state, WARM_FILTER))
+                      warm_whole_epoch=True)
 
     import lancedb
 
@@ -141,10 +142,9 @@ def base_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None
 
     loader_kw = {} if mp_context is None else {"multiprocessing_context": mp_context}
 
-    def make_lr(state: dict | None, filter: str | None = None) -> tuple[Any, Iterator[Any]]:
+    def make_lr(state: dict | None) -> tuple[Any, Iterator[Any]]:
         ds = lance_ray.StreamingDataset(table, num_splits=SPLITS, shuffle_seed=SEED,
-                                        shuffle_clump_size=clump, reader=cfg.reader,
-                                        filter=filter)
+                                        shuffle_clump_size=clump, reader=cfg.reader)
         if state is not None:
             ds.load_state_dict(state)
         if cfg.loader_workers is None:
@@ -155,8 +155,7 @@ def base_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None = None
 
     return Runner(make_lr, lambda b: len(b["id"]), epoch_rows, ids=lambda b: int(b["id"].sum()),
                   state=lambda holder: holder.state_dict(),
-                  warm=(lambda state: make_lr(state, spec.get("warm_filter", WARM_FILTER)))
-                  if cfg.needs_ray else None)
+                  warm_whole_epoch=cfg.needs_ray)
 
 
 def limit_runner(uri: str, which: str, columns: list[str] | None = None,

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,12 +109,12 @@ def timed(rows: int, batches: Any) -> dict[str, float]:
             "sys_us_row": (sys_end - sys_cpu) / rows * 1e6}
 
 
-def warm_workers(n: int, resources: dict[str, float] | None = None) -> None:
+def warm_workers(n: int, resources: Mapping[str, float] | None = None) -> None:
     """Start ``n`` Ray worker processes before timing (a worker's start is not the probe's
     subject), each importing what a read task imports."""
     import ray
 
-    @ray.remote(num_cpus=1, resources=resources or {})
+    @ray.remote(num_cpus=1, resources=dict(resources or {}))
     def hold() -> None:
         import lance  # noqa: F401
 

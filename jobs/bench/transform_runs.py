@@ -15,7 +15,6 @@ from .runners import Runner
 from .transforms import (
     CASES,
     TRANSFORMS,
-    WARM_FILTER,
     CountedByNode,
     RayDataTransform,
     single_core_batches,
@@ -98,13 +97,13 @@ def transform_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None =
     if cfg.kind == "ray_data":
         import ray.data
 
-        def make_ray(state: dict | None, filter: str | None = None) -> tuple[Any, Iterator[Any]]:
-            ds = ray.data.read_lance(spec["uri"], filter=filter).map_batches(
+        def make_ray(state: dict | None) -> tuple[Any, Iterator[Any]]:
+            ds = ray.data.read_lance(spec["uri"]).map_batches(
                 RayDataTransform(case), batch_format="pyarrow")
             return ds, iter(ds.iter_torch_batches(batch_size=BATCH))
 
         return Runner(make_ray, count, rows, ids=ids,
-                      warm=lambda state: make_ray(state, WARM_FILTER))
+                      warm_whole_epoch=True)
     import lancedb
 
     table = lancedb.connect(spec["db"]).open_table(spec["table_name"])
@@ -127,10 +126,10 @@ def transform_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None =
         remote = {"resources": {NODE_RESOURCE: 1}}
     loader_kw = {} if mp_context is None else {"multiprocessing_context": mp_context}
 
-    def make_lr(state: dict | None, filter: str | None = None) -> tuple[Any, Iterator[Any]]:
+    def make_lr(state: dict | None) -> tuple[Any, Iterator[Any]]:
         ds = lance_ray.StreamingDataset(
             table, num_splits=SPLITS, shuffle_seed=SEED, transform=fn, reader=cfg.reader,
-            filter=filter, ray_remote_args=remote,
+            ray_remote_args=remote,
             transform_parallelism=2 if cfg.reader == "local" else None)
         if cfg.loader_workers is None:
             return ds, ds.iter_batches(BATCH)
@@ -140,7 +139,7 @@ def transform_runner(spec: dict[str, Any], cfg: Config, mp_context: str | None =
 
     ray_side = cfg.reader == "ray" and not cfg.loader_workers
     return Runner(make_lr, count, rows, ids=ids,
-                  warm=(lambda state: make_lr(state, WARM_FILTER)) if ray_side else None)
+                  warm_whole_epoch=ray_side)
 
 
 def transform_report(results: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:

@@ -44,7 +44,6 @@ WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with
          "batch", "epoch", "shuffle", "split", "rank", "worker", "image", "token", "text"]
 WORD = re.compile(r"\w+|[^\w\s]")
 CASES = {"image": ("images", IMAGES), "tokens": ("texts", TEXTS)}
-WARM_FILTER = "id < 512"
 
 
 def decode_png(batch: pa.RecordBatch) -> list[dict[str, Any]]:

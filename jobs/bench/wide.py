@@ -49,10 +49,10 @@ def ensure_wide_table(db: Path, name: str, rows: int, width: int) -> dict[str, A
     names = conn.list_tables().tables
     if marker.exists() and name in names:
         got = json.loads(marker.read_text())
-        table = conn.open_table(name)
-        if {k: got.get(k) for k in want} == want and got.get("version") == table.version:
+        found = conn.open_table(name)
+        if {k: got.get(k) for k in want} == want and got.get("version") == found.version:
             print(f"reusing table {name!r}: {rows:,} rows of {width:,} bytes", flush=True)
-            return got | {"uri": table.to_lance().uri, "created_s": 0.0}
+            return got | {"uri": found.to_lance().uri, "created_s": 0.0}
     if name in names:
         conn.drop_table(name)
     started = time.perf_counter()
