@@ -7,9 +7,11 @@ pages (``store_puts``), which also leaves the store's pages allocated for the pa
 it reads a table of 64 KB rows (full shuffle, batches of 256) with the local reader and the
 Ray reader, and prints for each pass its rows/s, and the CPU seconds and page faults per row
 of every process that worked (from ``/proc``: the trainer, Ray's workers, Ray's own
-actors). Last it times Lance's sorted take of the same 256-row reads in this process and in
+actors). Then it times Lance's sorted take of the same 256-row reads in this process and in
 a Ray worker, one stream each, so a difference in the read itself would show apart from
-contention.
+contention. Last it runs the Ray reader's read task in plain Ray tasks, without Ray Data,
+reading only and reading and returning the block (``plain_tasks``): the worker's CPU per
+row, split into the read, the copy into the object store and Ray Data's share.
 
 On a machine whose cores the reads fill, what the Ray reader adds per row (the copy into
 the object store, the task's fixed cost, the trainer's read out of it) is CPU the local
@@ -63,13 +65,9 @@ def cpu_by_process() -> dict[int, Usage]:
     return {pid: usage for pid, (_, usage) in seen.items() if pid in mine}
 
 
-def one_pass(table: Any, reader: str) -> None:
-    import lance_ray
-
-    before, started = cpu_by_process(), time.perf_counter()
-    rows = sum(len(b["id"]) for b in lance_ray.StreamingDataset(table, reader=reader)
-               .iter_batches(256))
-    wall = time.perf_counter() - started
+def spent_since(before: dict[int, Usage]) -> dict[str, list[float]]:
+    """CPU seconds and page faults since ``before`` (a ``cpu_by_process()``), summed by
+    role: the trainer (this process), Ray's task workers, and each other process."""
     spent: dict[str, list[float]] = {}
     for pid, now in cpu_by_process().items():
         then = before.get(pid, Usage(now.name, 0.0, 0))
@@ -80,12 +78,54 @@ def one_pass(table: Any, reader: str) -> None:
             sums = spent.setdefault(key, [0.0, 0.0])
             sums[0] += now.cpu - then.cpu
             sums[1] += now.faults - then.faults
+    return spent
+
+
+def one_pass(table: Any, reader: str) -> None:
+    import lance_ray
+
+    before, started = cpu_by_process(), time.perf_counter()
+    rows = sum(len(b["id"]) for b in lance_ray.StreamingDataset(table, reader=reader)
+               .iter_batches(256))
+    wall = time.perf_counter() - started
+    spent = spent_since(before)
     total = sum(cpu for cpu, _ in spent.values())
     print(f"{reader:5s} {rows / wall:9,.0f} rows/s  {total / wall:.2f} cores  "
           f"{total * 1e6 / rows:6.1f} us CPU/row in all:")
     for key, (cpu, faults) in sorted(spent.items(), key=lambda kv: -kv[1][0])[:5]:
         print(f"        {cpu * 1e6 / rows:6.1f} us/row  {faults / rows:5.1f} page faults/row  "
               f"{key}")
+
+
+def plain_tasks(ref: Any, ids: np.ndarray, in_flight: int, rows: int = 1024) -> None:
+    """The Ray reader's read task body (``read_block``, rows as Lance read them) in plain
+    Ray tasks of ``rows`` rows, ``in_flight`` at a time, without Ray Data: the workers' CPU
+    per row when a task only reads (returns its row count) and when it also returns its
+    block (the copy into the object store). Against the passes above, this splits a worker's
+    cost into Lance's read, the store's copy, and Ray Data's own handling."""
+    import ray
+
+    from lance_ray.read.ray_tasks import read_block
+    from lance_ray.read.requests import ChunkRequest
+
+    @ray.remote
+    def task(chunk: ChunkRequest, put: bool) -> Any:
+        block = next(read_block(ref, None, None, chunk, True, 64 << 10))
+        return block if put else block.num_rows
+
+    chunks = [ChunkRequest(((lo, lo + len(part)),), part)
+              for lo in range(0, len(ids), rows) for part in [ids[lo:lo + rows]]]
+    for put in (False, True):
+        before, pending = cpu_by_process(), []
+        for chunk in chunks:
+            pending.append(task.remote(chunk, put))
+            if len(pending) >= in_flight:
+                ray.get(pending.pop(0))
+        ray.get(pending)
+        cpu = spent_since(before).get("ray workers", [0.0])[0]
+        print(f"plain Ray tasks of {rows} rows, {in_flight} at a time, "
+              f"{'read + copy into the store' if put else 'read only':26s}: "
+              f"{cpu * 1e6 / len(ids):6.1f} us/row in the workers")
 
 
 def take_us_per_row(ref: Any, ids: np.ndarray) -> float:
@@ -177,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     there = ray.get(ray.remote(take_us_per_row).remote(ref, ids))
     print(f"Lance sorted take, one stream: {here:.1f} us/row here, {there:.1f} us/row in a "
           "Ray worker")
+    plain_tasks(ref, ids, args.cpus)
     ray.shutdown()
 
 
