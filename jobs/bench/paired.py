@@ -60,9 +60,7 @@ def main(argv: list[str]) -> None:
     names = {r: "pack-limit-take" if r == "take" else f"pack-{r}" for r in readers}
     runners = {n: packing_runner(spec, configs[n])
                for n in ["pack-limit-scan", *names.values()]}
-    for runner in runners.values():  # warm-up: imports, caches, Ray workers
-        if runner.warm_whole_epoch:
-            timed_pass(runner)
+    for runner in runners.values():  # warm-up, one whole epoch: imports, caches, Ray workers
         timed_pass(runner)
     ratios: dict[str, list[float]] = {r: [] for r in readers}
     scans = []
