@@ -14,8 +14,8 @@ reading only and reading and returning the block (``plain_tasks``): the worker's
 row, split into the read, the copy into the object store and Ray Data's share.
 
 On a machine whose cores the reads fill, what the Ray reader adds per row (the copy into
-the object store, the task's fixed cost, the trainer's read out of it) is CPU the local
-reader never spends. Linux only (``/proc``).
+the object store, Ray Data's handling of each block, the trainer's read out of it) is CPU
+the local reader never spends. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -107,10 +107,13 @@ def plain_tasks(ref: Any, ids: np.ndarray, in_flight: int, rows: int = 1024) -> 
 
     from lance_ray.read.ray_tasks import read_block
     from lance_ray.read.requests import ChunkRequest
+    from lance_ray.read.widths import row_bytes
+
+    width = row_bytes(ref, None)  # the reader's own estimate: the same pieces per read
 
     @ray.remote
     def task(chunk: ChunkRequest, put: bool) -> Any:
-        block = next(read_block(ref, None, None, chunk, True, 64 << 10))
+        block = next(read_block(ref, None, None, chunk, True, width))
         return block if put else block.num_rows
 
     chunks = [ChunkRequest(((lo, lo + len(part)),), part)
