@@ -36,6 +36,7 @@ bench: venv
 	$(PY) -m jobs.bench.mixing
 	$(PY) -m jobs.bench.device
 	$(PY) -m jobs.bench.scaling
+	$(PY) -m jobs.bench.cores
 	$(PY) -m jobs.bench.performance
 
 clean:

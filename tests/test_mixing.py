@@ -287,6 +287,12 @@ def test_bad_arguments_are_named(table_factory):
     with pytest.raises(NotImplementedError, match="blocks_per_epoch"):
         MixtureDataset([Source(a)], pack_sequences=16, eos_id=1, pad_id=0, columns=["id"],
                        blocks_per_epoch=3)
+    for dropping in ("skip", "keep_slot"):
+        with pytest.raises(ValueError, match="must not drop rows"):
+            MixtureDataset([Source(a)], on_transform_error=dropping)
+    # "raise" is the default, and saying so is accepted.
+    explicit = mixture([a], [1], on_transform_error="raise")
+    assert flat(run(explicit, 8)) == flat(run(mixture([a], [1]), 8))
 
 
 def test_set_epoch_starts_the_mixture_epoch_over_and_the_next_epoch_follows(table_factory):

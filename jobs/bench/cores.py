@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .results import machine_name
 from .scaling import ENV, Wait, reference, timed, warm_workers
 
 SIDE, BATCH, PROBE_WAIT = 64, 256, 0.002
@@ -314,8 +315,8 @@ def main(argv: list[str]) -> None:
     root = str(Path(__file__).resolve().parents[2])
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    machine = args.machine or f"{os.cpu_count()}-core machine"
-    run(args.cores, Path(args.out), args.small, machine, args.images, args.blobs, args.name)
+    run(args.cores, Path(args.out), args.small, machine_name(args.machine), args.images,
+        args.blobs, args.name)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,17 @@
 #!/usr/bin/env bash
-# The many-core and GPU benchmarks in one bounded run on the accelerator machine (16 cores,
-# one GPU, no Ray or Lance installed: ../shared/device/README.md).
+# The many-core and GPU benchmarks in one bounded run on a machine with many cores and a GPU.
 #
 #   bash jobs/bench/on_device.sh [cores|device|all] [--small]
 #
-# From the dev machine, with the bundle built (../shared/device/make_bundle.sh writes .dev1-3),
-# three `run` calls in a row, each carrying one piece (a machine goes back 30 s after a call):
-#   carry [".dev1"]: mkdir -p /tmp/stage && cp .dev1/* /tmp/stage/
-#   carry [".dev2"]: cp .dev2/* /tmp/stage/
-#   carry [".dev3"]: cp .dev3/* /tmp/stage/ && bash jobs/bench/on_device.sh cores
-# then `bash jobs/bench/on_device.sh device` on the same warm machine. Each phase stays under
-# the 600 s a call may run; the benchmarks write each figure to $OUT as its case ends, so a
-# phase cut short still returns what it measured. Copy $OUT/cores-<gpu>.json and
-# device-<gpu>.json (<gpu>: h200, h100, ...) to docs/bench/, then run
-# `python -m jobs.bench.performance` to refresh docs/performance.md.
+# Run it from a checkout, with lance_ray's dependencies importable. On a bare machine that
+# has no Ray or Lance installed and no network, pack a site-packages directory with them into
+# an xz tar, split it into pieces named site.part.*, copy the pieces to /tmp/stage there, and
+# the script unpacks them into /tmp/site on its first run.
+#
+# Each phase stays under ten minutes, and the benchmarks write each figure to $OUT (default
+# /tmp/lance_ray_out) as its case ends, so a phase cut short still leaves what it measured.
+# Copy $OUT/cores-<gpu>.json and device-<gpu>.json (<gpu>: h200, h100, ...) to docs/bench/,
+# then run `python -m jobs.bench.performance` to refresh docs/performance.md.
 set -uo pipefail
 phase=${1:-all}
 small=${2:-}

@@ -4,7 +4,7 @@
 
 ``python -m jobs.bench --only packing`` runs each configuration in a fresh process, one
 after the other, so its "x scan" divides rates measured seconds apart, and the scan's rate
-moves most (50M-226M tokens/s across such runs). Here the scan and each packed reader
+moves most from run to run. Here the scan and each packed reader
 alternate in one process after a warm-up, and every packed epoch is divided by the scan
 epoch just before it: the median of those ratios is the figure the ">= 0.3x the scan"
 target is judged on.

@@ -42,8 +42,9 @@ How to read them:
   clumped shuffles and packed tokens approach the scan, and the rest is plan building and,
   on the Ray reader, the pipeline's start and its per-task overhead.
 
-Regenerate everything with `make bench`, or one benchmark with its command below followed
-by `python -m jobs.bench.performance`.
+Regenerate this machine's tables with `make bench`, or one benchmark with its command below
+followed by `python -m jobs.bench.performance`. The tables of a machine with many cores and a
+GPU come from `bash jobs/bench/on_device.sh` run on that machine.
 """
 
 

@@ -298,7 +298,8 @@ def row_space_of(dataset: Any, filter: str | None) -> RowSpace:
 
 
 def computed_plan(spec: PlanSpec, rows: RowSpace) -> SplitPlan:
-    """The ``plan="index"`` plan of ``spec`` over ``rows``: O(num_splits) work and memory."""
+    """The ``plan="index"`` plan of ``spec`` over ``rows``: O(num_splits) work and memory
+    beyond ``rows`` itself."""
     total = rows.total
     if total < spec.num_splits:
         raise ValueError(

@@ -68,7 +68,8 @@ class SplitPlan:
     ``row_ids`` may hold only a subset of the splits (``first_split`` onwards), which is
     how a rank keeps just its own part of the plan. A ``plan="index"`` plan stores no row
     ids (``row_ids is None``): ``computed`` maps any (split, position) to its row id, so it
-    holds every split at O(num_splits) cost.
+    holds every split at O(num_splits + fragments) cost (plus the matching rows' offsets
+    under a filter or deletions).
     """
 
     spec: PlanSpec
@@ -225,5 +226,5 @@ def _too_large(spec: PlanSpec, total_rows: int) -> PlanTooLargeError:
         f"{' shuffled' if spec.shuffle else ''}: lancedb 0.40 sorts the permutation in a "
         f"fixed 100 MB memory pool ({BUILDER_SHUFFLE_LIMIT} shuffled; LANCE_MEM_POOL_SIZE "
         "does not change it). Use plan='index', which computes each row's shuffled position "
-        "(O(num_splits) memory, any table size)"
+        "(O(num_splits + fragments) memory, any table size)"
     )

@@ -9,7 +9,7 @@ import os
 # gained up to 8 concurrent streams and lost a little at 16: past that, more streams only
 # hold more bytes.
 MOST_TAKE_STREAMS = 16
-# Two takes of clumped rows measured 1.5x one on 2 cores: never fewer, however few cores.
+# Two takes of clumped rows beat one even on 2 cores: never fewer, however few cores.
 FEWEST_TAKE_STREAMS = 2
 
 

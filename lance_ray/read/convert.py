@@ -80,8 +80,8 @@ def cat_tensors(tensors: list[Any]) -> Any:
     """``torch.cat`` of CPU tensors, copied by numpy on the calling thread.
 
     torch copies large tensors on its OpenMP threads, and those threads then spin between
-    batches, taking the cores the reads need: on 64 KB rows, when every batch joined two
-    reads, that was 1.5 s of the epoch's 4.8 s of user CPU. Tensors numpy cannot view (bfloat16,
+    batches, taking the cores the reads need (on wide rows, where every batch joins two reads,
+    a large share of the epoch's CPU). Tensors numpy cannot view (bfloat16,
     or ones that need grad, from a transform) still go through ``torch.cat``.
     """
     import torch

@@ -81,14 +81,18 @@ class StreamingDataset(ViewCore, IterableDataset):
         ray_remote_args: extra arguments for the Ray Data read and transform tasks.
         plan: ``"lancedb"`` (default): lancedb's own permutation, the reference's exact
             order (its builder stops at about 2.5M shuffled rows); ``"index"``: each row's
-            shuffled position computed by a seeded bijection, O(num_splits) memory and no
+            shuffled position computed by a seeded bijection, O(num_splits + fragments)
+            memory (plus 4 bytes per matching row with a filter or deleted rows) and no
             build step at any table size, with its own order and checkpoints (docs/plans.md).
         transform_parallelism, transform_queue_depth,
         worker_info_override: ``lancedb.streaming``'s own arguments; see
             :mod:`lance_ray.view.compat` for what each means here.
-        pack_sequences, eos_id, pad_id, blocks_per_epoch, pack_position_ids, pack_cu_seqlens:
-            sequence packing, as in the reference (docs/packing.md): items and
-            batches are ``{"input_ids", "doc_ids"}`` LongTensors of ``pack_sequences`` tokens.
+        pack_sequences, eos_id, pad_id, blocks_per_epoch: sequence packing, as in the
+            reference (docs/packing.md): items and batches are ``{"input_ids", "doc_ids"}``
+            LongTensors of ``pack_sequences`` tokens.
+        pack_position_ids, pack_cu_seqlens: lance_ray's additions to packing: each block
+            also carries ``position_ids`` (restarting at every document), or ``cu_seqlens``
+            and ``max_seqlen`` (the documents' boundaries, for varlen attention).
     """
 
     def __init__(

@@ -81,7 +81,7 @@ class MixtureDataset(IterableDataset):
     Args:
         sources: the :class:`Source` list, in a fixed order (it is part of the state).
         num_splits, shuffle, shuffle_seed, epoch, rank, world_size, columns, transform,
-        reader, read_batch_size, prefetch_batches, storage_options, ray_remote_args, plan,
+        reader, read_batch_size, io_queue_depth, storage_options, ray_remote_args, plan,
         shuffle_clump_size: as for :class:`StreamingDataset`, applied to every source (a
             ``transform`` must return one dict per row).
         stop: ``"first_exhausted"`` (default) or ``"all_exhausted"``.
@@ -106,7 +106,9 @@ class MixtureDataset(IterableDataset):
             raise ValueError("sources must be a non-empty list of lance_ray.Source(table, "
                              "weight=...)")
         pack = self._pack_config(view_kwargs, columns, transform)
-        refused = {"on_transform_error", "fill_value", "worker_info_override"} & set(view_kwargs)
+        refused = {"fill_value", "worker_info_override"} & set(view_kwargs)
+        if view_kwargs.get("on_transform_error", "raise") != "raise":
+            refused.add("on_transform_error")
         if refused:
             raise ValueError(f"MixtureDataset does not take {sorted(refused)}: a mixture's "
                              "transform must not drop rows (on_transform_error='raise')")
