@@ -5,6 +5,7 @@ A sample is ``(source, id)``: ids are unique within each source's table.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from fractions import Fraction
@@ -458,3 +459,70 @@ def test_a_packed_mixture_loader_with_workers_gives_the_blocks_and_states_of_no_
     assert workers == alone and len(alone) > 3
     mid = json.loads(alone[2][2])
     assert [b[:2] for b in run(2, mid)] == [b[:2] for b in alone[3:]]
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 7), min_size=1, max_size=6),
+       st.sampled_from(["first_exhausted", "all_exhausted"]), st.booleans())
+def test_iterators_closed_anywhere_give_the_epochs_and_states_that_resume_the_rest(
+        doc_sources, cuts, stop, packed):
+    """One mixture read through iterators closed at any batch, over two epochs (the second
+    started by iterating on): the same batches as reading on, and at every cut a state
+    whose fresh load yields the rest of that epoch. A packed epoch's last, padded block
+    belongs to that epoch, even when its iterator was closed just before it."""
+    sources, _ = doc_sources
+
+    def make():
+        if packed:
+            return _packed(sources, stop=stop)
+        return MixtureDataset(sources, num_splits=4, columns=["id"], reader="local", stop=stop)
+
+    def key(batch):
+        if packed:
+            return batch["input_ids"].tolist()
+        return list(zip(batch["source"].tolist(), batch["id"].tolist()))
+
+    whole = make()
+    first = [key(b) for b in whole.iter_batches(2)]
+    want = first + [key(b) for b in whole.iter_batches(2)]
+    ds, got = make(), []
+    for c in cuts:
+        got += [key(b) for b in itertools.islice(ds.iter_batches(2), c)]
+        fresh = make()
+        fresh.load_state_dict(json.loads(json.dumps(ds.state_dict())))
+        p = len(got)
+        rest = want[p:len(first)] if p <= len(first) else want[p:]
+        assert [key(b) for b in fresh.iter_batches(2)] == rest
+    for _ in range(4):
+        if len(got) >= len(want):
+            break
+        got += [key(b) for b in ds.iter_batches(2)]
+    assert got[:len(want)] == want
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted"])
+def test_a_packed_mixture_loader_closed_near_an_epochs_end_goes_on_and_resumes_exactly(
+        doc_sources, stop):
+    """Through DataLoader workers: an iterator closed one or two blocks before the epoch's
+    end, a new one that finishes the epoch, one that starts the next, and a state taken
+    there: the blocks of reading on, and a fresh load yields the rest of that next epoch."""
+    sources, _ = doc_sources
+    reference = _packed(sources, stop=stop)
+    want = [b["input_ids"].tolist() for b in reference.iter_batches(1)]
+    epoch0 = len(want)
+    want += [b["input_ids"].tolist() for b in reference.iter_batches(1)]
+
+    def blocks(it):
+        return [b["input_ids"].tolist() for b in it]
+
+    for cut in (epoch0 - 1, epoch0 - 2):
+        ds = _packed(sources, stop=stop)
+        loader = lance_ray.StreamingDataLoader(ds, batch_size=1, num_workers=2)
+        got = blocks(itertools.islice(iter(loader), cut))
+        got += blocks(loader)
+        assert len(got) == epoch0 and ds.epoch == 0
+        got += blocks(itertools.islice(iter(loader), 1))
+        fresh = _packed(sources, stop=stop)
+        fresh.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+        assert got + blocks(fresh.iter_batches(1)) == want

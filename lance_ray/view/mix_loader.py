@@ -199,6 +199,9 @@ class MixtureDataLoader(DataLoader):
         mix = self._mixture
         run = mix.progress
         generation, passes = run.begin(lease)
+        if not passes:  # no step left in this epoch: no workers to start
+            run.finished(generation)
+            return
         plan = self._source.plan = list(run.plan(unit))
         self._source.streams = [p.stream for p in passes]
         self._source.later = later_passes(mix, plan)

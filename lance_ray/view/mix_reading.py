@@ -42,15 +42,19 @@ class MixProgress:
 
     ``next_epoch(epoch)``: the mixture's ``set_epoch``, called when an iteration starts
     after this rank read its epoch to the end; ``on_batch()``: called after each committed
-    batch (an attached mixture sends its state to its coordinator there).
+    batch (an attached mixture sends its state to its coordinator there); ``tail()``:
+    whether the epoch still has output to hand over once its samples are all read (a packed
+    mixture's last, padded block), so that the next iteration hands it over instead of
+    starting the next epoch.
     """
 
     def __init__(self, views: list[StreamingDataset], schedule: Schedule, *, stop: str,
                  rank: int, world_size: int, num_splits: int, epoch: int,
-                 next_epoch: Callable[[int], None], on_batch: Callable[[], None]) -> None:
+                 next_epoch: Callable[[int], None], on_batch: Callable[[], None],
+                 tail: Callable[[], bool] = lambda: False) -> None:
         self.views, self.schedule, self.stop = views, schedule, stop
         self.rank, self.world_size, self.num_splits = rank, world_size, num_splits
-        self._next_epoch, self._on_batch = next_epoch, on_batch
+        self._next_epoch, self._on_batch, self._tail = next_epoch, on_batch, tail
         self._generation = 0
         self._lease: weakref.ref[Iterator[Any]] | None = None  # the one live iterator
         self._pass_objs: list[Pass] = []
@@ -163,21 +167,26 @@ class MixProgress:
         if self._step >= self._end and self._loaded:
             logger.info("rank %d has no samples left in mixture epoch %d; call set_epoch(%d) "
                         "to start the next one", self.rank, self._epoch, self._epoch + 1)
-        elif self._ended or (self._step >= self._end and self._step > 0):
+        elif (self._ended or (self._step >= self._end and self._step > 0)) and \
+                not self._tail():
             logger.info("mixture epoch %d is exhausted on rank %d; starting epoch %d",
                         self._epoch, self.rank, self._epoch + 1)
             self._next_epoch(self._epoch + 1)
 
     def begin(self, lease: Lease | None = None) -> tuple[int, list[Pass]]:
         """A new iteration (``lease``: its iterator): its generation, and a pass over each
-        source's current pass. A second live iterator is refused, as a view refuses it."""
+        source's current pass (none when this epoch has no step left to read: its tail, or
+        a state loaded at its end). A second live iterator is refused, as a view refuses it."""
         active = self._lease() if self._lease is not None else None
         if active is not None and getattr(active, "gi_frame", None) is not None and (
                 not lease or active is not lease[0]()):
             raise RuntimeError(CONCURRENT.replace("StreamingDataset", "MixtureDataset"))
         self._lease = lease[0] if lease else None
         self._roll_over()
-        self._pass_objs = [v.begin_pass(None) for v in self.views]
+        # A source view read to its end would start its own next epoch when a pass begins:
+        # with no step left, the sources' passes stay as they are.
+        self._pass_objs = [] if self._step >= self._end else [
+            v.begin_pass(None) for v in self.views]
         return self._generation, self._pass_objs
 
     def plan(self, batch_size: int) -> Iterator[MixBatch]:
@@ -188,7 +197,10 @@ class MixProgress:
     def read(self, lease: Lease, batch_size: int | None,
              collate_fn: Callable[[list[Any]], Any] | None) -> Iterator[Any]:
         """Items (``batch_size`` None) or batches, each committed when handed over."""
-        generation, _ = self.begin(lease)
+        generation, passes = self.begin(lease)
+        if not passes:
+            self.finished(generation)
+            return
         as_tensors = batch_size is not None and collate_fn is None
         # Each source's reads are cut into batches of the mixture's size: a mixture batch then
         # takes from one (rarely two) of them, whatever the source's share.

@@ -152,7 +152,8 @@ class MixtureDataset(IterableDataset):
         self._progress = MixProgress(
             views, Schedule(weights), stop=stop, rank=rank, world_size=world_size,
             num_splits=num_splits, epoch=epoch, next_epoch=self.set_epoch,
-            on_batch=self._report_step)
+            on_batch=self._report_step,
+            tail=self._carries_tokens)
 
     @classmethod
     def from_coordinator(cls, name: str, *, rank: int, world_size: int,
@@ -206,6 +207,10 @@ class MixtureDataset(IterableDataset):
                              "(a list of token ids in every source) and no transform")
         return {"pack_sequences": length, "eos_id": eos_id, "pad_id": pad_id,
                 "column": columns[0]}
+
+    def _carries_tokens(self) -> bool:
+        """Whether a packed mixture's packer holds tokens not yet handed over in a block."""
+        return self._pack is not None and bool(self._packer.tokens)
 
     def _new_packer(self) -> None:
         """A packed mixture's packer, empty (an epoch's last block is padded: nothing
@@ -365,7 +370,12 @@ class MixtureDataset(IterableDataset):
         import torch
 
         assert self._pack is not None, "pack_blocks is for a packed mixture"
-        out = blocks(self._packer, documents, self._pack["column"])
+        # Starting the read may roll over to the next epoch, which makes a new packer: take
+        # the packer only once the read has started.
+        documents = iter(documents)
+        first = next(documents, None)
+        started = documents if first is None else itertools.chain([first], documents)
+        out = blocks(self._packer, started, self._pack["column"])
         while True:
             group = list(itertools.islice(out, batch_size or 1))
             if not group:
