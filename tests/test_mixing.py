@@ -247,6 +247,43 @@ def test_states_of_another_mixture_are_refused_naming_the_fix(table_factory):
         ds.load_state_dict(ds.sources[0].state_dict())
 
 
+def _bump(counts, by):
+    counts[0] += by
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_edited_states_are_refused_and_change_nothing(table_factory, stop, world_size):
+    """A state whose phase, step or sources' counts no longer agree (edited or corrupt) is
+    refused before it could repeat a sample. (Under ``all_exhausted`` every source is read
+    whole, so a step or a count moved back within a phase still adds up: not detectable.)"""
+    a, b = table_factory(24), table_factory(40)
+    ds = mixture([a, b], [3, 1], stop=stop, world_size=world_size)
+    run(ds, 3, limit=3)
+    good = json.loads(json.dumps(ds.state_dict()))
+    mix = good["lance_ray_mixture"]
+    edits = {
+        "end": lambda s: s["lance_ray_mixture"].update(end=mix["end"] + 7),
+        "step": lambda s: s["lance_ray_mixture"].update(step=mix["step"] - 2),
+        "counts": lambda s: [_bump(s["sources"][0][k], 1) for k in (
+            "samples_consumed_per_split", "positions_consumed_per_split")],
+        "positions": lambda s: _bump(s["sources"][0]["positions_consumed_per_split"], 1),
+        "weight": lambda s: s["lance_ray_mixture"]["sources"][0].pop("weight"),
+    }
+    if stop == "all_exhausted":
+        del edits["step"], edits["counts"]
+    for name, edit in edits.items():
+        bad = json.loads(json.dumps(good))
+        edit(bad)
+        fresh = mixture([a, b], [3, 1], stop=stop, world_size=world_size)
+        before = fresh.state_dict()
+        with pytest.raises(ValueError, match="state"):
+            fresh.load_state_dict(bad)
+        assert fresh.state_dict() == before, name
+    resumed = mixture([a, b], [3, 1], stop=stop, world_size=world_size)
+    resumed.load_state_dict(good)  # the state as saved still loads
+
+
 def test_states_save_and_load_as_json_files(table_factory, tmp_path):
     tables = [table_factory(n) for n in (96, 40)]
     ds = mixture(tables, [3, 1])
@@ -467,7 +504,7 @@ def test_a_packed_mixture_loader_with_workers_gives_the_blocks_and_states_of_no_
        st.sampled_from(["first_exhausted", "all_exhausted"]), st.booleans())
 def test_iterators_closed_anywhere_give_the_epochs_and_states_that_resume_the_rest(
         doc_sources, cuts, stop, packed):
-    """One mixture read through iterators closed at any batch, over two epochs (the second
+    """One mixture read through iterators closed at any batch, over several epochs (each
     started by iterating on): the same batches as reading on, and at every cut a state
     whose fresh load yields the rest of that epoch. A packed epoch's last, padded block
     belongs to that epoch, even when its iterator was closed just before it."""
@@ -483,22 +520,22 @@ def test_iterators_closed_anywhere_give_the_epochs_and_states_that_resume_the_re
             return batch["input_ids"].tolist()
         return list(zip(batch["source"].tolist(), batch["id"].tolist()))
 
-    whole = make()
-    first = [key(b) for b in whole.iter_batches(2)]
-    want = first + [key(b) for b in whole.iter_batches(2)]
+    whole, want, ends = make(), [], []
+    while len(want) <= sum(cuts):  # the epochs the cuts reach, and one more
+        want += [key(b) for b in whole.iter_batches(2)]
+        ends.append(len(want))
     ds, got = make(), []
     for c in cuts:
         got += [key(b) for b in itertools.islice(ds.iter_batches(2), c)]
         fresh = make()
         fresh.load_state_dict(json.loads(json.dumps(ds.state_dict())))
         p = len(got)
-        rest = want[p:len(first)] if p <= len(first) else want[p:]
-        assert [key(b) for b in fresh.iter_batches(2)] == rest
-    for _ in range(4):
+        assert [key(b) for b in fresh.iter_batches(2)] == want[p:min(e for e in ends if e >= p)]
+    for _ in range(2 * len(ends)):
         if len(got) >= len(want):
             break
         got += [key(b) for b in ds.iter_batches(2)]
-    assert got[:len(want)] == want
+    assert got == want
 
 
 @pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted"])

@@ -118,11 +118,26 @@ def parse_mixture(state: object) -> dict[str, Any]:
     if missing:
         raise ValueError(f"mixture state is missing field(s) {missing}; pass the dict "
                          "returned by state_dict() (or merge_state_dicts()) unchanged")
+    fields = ("table", "table_version", "filter", "rows", "weight")
+    if not isinstance(mix["sources"], list) or not all(
+            isinstance(m, dict) and all(k in m for k in fields) for m in mix["sources"]):
+        raise ValueError(f"mixture state sources must be a list of {{{', '.join(fields)}}} "
+                         "dicts, one per source; pass the dict returned by state_dict() (or "
+                         "merge_state_dicts()) unchanged")
     n = len(mix["sources"])
     subs = state.get("sources")
     if not isinstance(subs, list) or len(subs) != n or len(mix["passes"]) != n \
             or len(mix["read_whole"]) != n:
         raise ValueError(f"mixture state must hold one state, pass and flag per source ({n})")
+    for i, sub in enumerate(subs):
+        # A mixture's transform never drops rows, so each source read exactly the samples it
+        # delivered: positions that differ say the state was edited, or is not a mixture's.
+        if isinstance(sub, dict) and "positions_consumed_per_split" in sub and \
+                sub["positions_consumed_per_split"] != sub.get("samples_consumed_per_split"):
+            raise ValueError(f"source {i}'s state has positions_consumed_per_split different "
+                             "from samples_consumed_per_split, but a mixture drops no rows: "
+                             "the state is corrupt; load it exactly as state_dict() or "
+                             "merge_state_dicts() returned it")
     for key in ("epoch", "world_size", "global_step", "end"):
         if not is_int(mix[key]) or mix[key] < 0:
             raise ValueError(f"mixture state {key} {mix[key]!r} must be a non-negative integer")

@@ -115,16 +115,19 @@ class MixProgress:
         self._start_phase([[len(v)] * self.world_size for v in self.views], step=0)
 
     def resume(self, *, epoch: int, passes: list[int], whole: list[bool], global_step: int,
-               remaining: list[list[int]], step: int | None, end: int) -> None:
+               remaining: list[list[int]], step: int | None, end: int,
+               common: bool = True) -> None:
         """Progress loaded from a state (the views already hold their parts):
         ``remaining[i][r]``: samples rank ``r`` has left of source ``i``'s pass; ``step``:
-        the phase goes on at ``step`` to ``end`` (None: a new phase starts here, at step 0).
-        Nothing changes if the state is refused."""
+        the phase goes on at ``step`` to ``end`` (None: a new phase starts here, at step 0);
+        ``common``: every rank is at ``step`` (else ranks' steps differ, as packed ranks'
+        do). Nothing changes if the state is refused."""
         saved = self._epoch, self._passes, self._whole, self._global_step
         self._epoch, self._passes = epoch, list(passes)
         self._whole, self._global_step = list(whole), global_step
         try:
             if step is not None:  # the same group: the phase goes on
+                self._check_phase(remaining, step, end, common)
                 self._start_phase(remaining, step=step, end=end)
             else:
                 self._start_phase(remaining, step=0)
@@ -139,16 +142,38 @@ class MixProgress:
                      end: int | None = None) -> None:
         """Steps run from ``step``; ``remaining[i][r]``: samples rank ``r`` has left of
         source ``i``'s pass (known for every rank: an epoch's start or a complete state)."""
-        if end is None:
-            if self.stop == "first_exhausted":
-                fewest = [min(r) for r in remaining]
-                end = end_step(self.schedule, fewest, stop=self.stop, start=step)
-            else:
-                self._check_even(remaining)
-                end = end_step(self.schedule, [r[0] for r in remaining], stop=self.stop,
-                               start=step, whole=self._whole)
-        self._step, self._end = step, end
+        self._step = step
+        self._end = self._phase_end(remaining, step) if end is None else end
         self._left = [r[self.rank] for r in remaining]  # this rank, in the current pass
+
+    def _phase_end(self, remaining: list[list[int]], step: int) -> int:
+        """The step at which a phase at ``step`` ends, every rank being at ``step``."""
+        if self.stop == "first_exhausted":
+            return end_step(self.schedule, [min(r) for r in remaining], stop=self.stop,
+                            start=step)
+        self._check_even(remaining)
+        return end_step(self.schedule, [r[0] for r in remaining], stop=self.stop, start=step,
+                        whole=self._whole)
+
+    def _check_phase(self, remaining: list[list[int]], step: int, end: int,
+                     common: bool) -> None:
+        """Refuse a phase that the state's own sources do not bear out (an edited or
+        corrupt state), before it could repeat samples or change the order: its end must
+        follow from its step and what each source has left."""
+        left = [r[self.rank] for r in remaining]
+        counts = self.schedule.counts(step)
+        short = [] if self.stop != "first_exhausted" or step > end else [
+            i for i, (a, b, n) in enumerate(zip(counts, self.schedule.counts(end), left))
+            if b - a > n]
+        expected = self._phase_end(remaining, step) if common and step <= end else end
+        if step > end or short or expected != end:
+            raise ValueError(
+                f"this mixture state does not add up: its phase runs from step {step} to "
+                f"step {end}, but its sources have {left} samples left on rank {self.rank}"
+                + (f" (too few of source(s) {short})" if short else "")
+                + (f", which end the phase at step {expected}" if expected != end else "")
+                + "; load the state exactly as state_dict() or merge_state_dicts() "
+                "returned it")
 
     def _check_even(self, remaining: list[list[int]]) -> None:
         uneven = [i for i, r in enumerate(remaining) if len(set(r)) > 1]

@@ -314,6 +314,9 @@ class MixtureDataset(IterableDataset):
                 epoch=mix["epoch"], passes=mix["passes"], whole=mix["read_whole"],
                 global_step=mix["global_step"], end=mix["end"],
                 step=phase_step(state, self.rank, self.world_size),
+                # One rank's packed state says nothing of the others' steps (their blocks
+                # hold other documents); an unpacked rank's own state is lockstep.
+                common=mix["step"] is not None and (self._pack is None or mix["rank"] is None),
                 remaining=[remaining_per_rank(v.state_dict(), self.world_size)
                            for v in views])
         except Exception:
