@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,7 +74,12 @@ def test_first_exhausted_ends_where_the_first_source_would_run_dry(weights, data
 def test_weights_are_exact_and_bad_ones_are_named():
     assert integer_weights([0.7, 0.2, 0.1]) == (7, 2, 1)
     assert integer_weights([14, 4, 2]) == (7, 2, 1)
-    for bad in ([0, 1], [-1.0], [float("nan")], ["3"], [True], []):
+    # Computed floats are their 12-digit decimals; numpy numbers are numbers.
+    assert integer_weights([0.1 + 0.2, 0.7]) == (3, 7)
+    assert integer_weights([np.float32(0.3), np.int64(7) / 10]) == (3, 7)
+    assert integer_weights([np.int64(14), np.uint8(4), Fraction(2)]) == (7, 2, 1)
+    for bad in ([0, 1], [-1.0], [float("nan")], [float("inf")], ["3"], [True], [np.bool_(True)],
+                []):
         with pytest.raises(ValueError):
             integer_weights(bad)
 

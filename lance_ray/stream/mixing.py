@@ -18,6 +18,7 @@ lookup when ``W`` is small, and any step is reachable from the previous period b
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from fractions import Fraction
 from functools import reduce
@@ -32,16 +33,25 @@ TABLE_STEPS = 1 << 16
 def integer_weights(weights: Sequence[object]) -> tuple[int, ...]:
     """``weights`` as positive integers in the same proportions, in lowest terms.
 
-    Floats count as their shortest decimal form (``0.7`` is ``7/10``), so ``[0.7, 0.2,
-    0.1]`` gives ``(7, 2, 1)``. Raises ``ValueError`` naming the bad weight.
+    Floats (numpy's too) count as their decimal form to 12 significant digits, so ``[0.7,
+    0.2, 0.1]`` gives ``(7, 2, 1)`` and a computed ``0.1 + 0.2`` is ``3/10``, not a
+    fraction with a 17-digit denominator, whose schedule would have to be walked step by
+    step. Integers (numpy's too) and ``Fraction`` are exact. Raises ``ValueError`` naming
+    the bad weight.
     """
     if not weights:
         raise ValueError("a mixture needs at least one source")
     fractions = []
     for i, w in enumerate(weights):
-        if isinstance(w, bool) or not isinstance(w, int | float | Fraction):
+        if isinstance(w, bool | np.bool_) or not isinstance(w, numbers.Real):
             raise ValueError(f"source {i}: weight must be a positive number, got {w!r}")
-        f = Fraction(repr(w)) if isinstance(w, float) else Fraction(w)
+        if isinstance(w, numbers.Rational):
+            f = Fraction(int(w)) if isinstance(w, numbers.Integral) else Fraction(w)
+        elif math.isfinite(w):
+            # str: the shortest decimal at the number's own precision (a float32 0.3 is "0.3")
+            f = Fraction(f"{float(str(w)):.12g}")
+        else:
+            raise ValueError(f"source {i}: weight must be a positive number, got {w!r}")
         if not math.isfinite(float(f)) or f <= 0:
             raise ValueError(f"source {i}: weight must be a positive number, got {w!r}")
         fractions.append(f)
