@@ -74,8 +74,10 @@ def test_packed_blocks_and_states_match_the_reference(corpora, corpus, L, num_sp
     first = blocks_of(take(our_it, cycles * k))
     assert blocks_of(take(ref_it, cycles * k)) == first
     assert reference_keys(ours.state_dict()) == ref.state_dict()
+    assert ours.consumed_rows == ref.consumed_rows  # documents the packer took
     assert blocks_of(our_it) == blocks_of(ref_it)
     assert reference_keys(ours.state_dict()) == ref.state_dict()
+    assert ours.consumed_rows == ref.consumed_rows
 
 
 @pytest.mark.parametrize("world_size, rank", [(1, 0), (2, 1)])

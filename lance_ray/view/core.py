@@ -308,7 +308,8 @@ class ViewCore:
 
     @property
     def consumed_rows(self) -> int:
-        """Samples yielded by the current (or last) iterator."""
+        """Samples yielded by the current (or last) iterator (packed: the documents its
+        yielded blocks took, as in the reference)."""
         return self._gauge.delivered
 
     @property

@@ -283,7 +283,9 @@ class PackedMode:
         if batches and view._plans.wants_reports:
             self._report()
         view._gauge.taken = view._gauge.received
-        view._gauge.delivered += blocks
+        # consumed_rows counts documents the packer took, as the reference's does
+        view._gauge.delivered = sum(counts_of(last)[0] for last in snapshot) - sum(
+            self._base[s].consumed for s in splits)
         view._meter.record(blocks, cost, 0, wait_s, batches=batches, where=view._where)
 
     def _end(self, generation: int, packer: RankPacker) -> None:
