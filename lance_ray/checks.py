@@ -3,7 +3,37 @@ the argument and what it must be."""
 
 from __future__ import annotations
 
-from typing import TypeGuard
+import functools
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeGuard, TypeVar
+
+import numpy as np
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def python_scalars(value: Any) -> Any:
+    """``value`` with numpy's scalars as Python's (``np.int64(4)`` is ``4``), inside dicts,
+    lists and tuples too. Configs and counters are often computed with numpy, and what
+    reaches a checkpoint must stay plain JSON."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if type(value) is dict:
+        return {python_scalars(k): python_scalars(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(python_scalars(v) for v in value)
+    return value
+
+
+def numpy_scalars_accepted(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` taking numpy's scalars wherever it takes Python's, as ``lancedb.streaming``
+    does (each argument passes through :func:`python_scalars`)."""
+    @functools.wraps(fn)
+    def plain(*args: P.args, **kwargs: P.kwargs) -> R:
+        return fn(*(python_scalars(a) for a in args),  # type: ignore[arg-type]
+                  **{k: python_scalars(v) for k, v in kwargs.items()})  # type: ignore[arg-type]
+    return plain
 
 
 def is_int(value: object) -> TypeGuard[int]:

@@ -443,3 +443,69 @@ def test_one_ranks_state_at_the_epochs_start_or_end_resumes_all_or_nothing(table
         ds.load_state_dict(state)
     left = sorted(i for step in global_steps(resumed, SPLITS // 4) for i in step)
     assert left == (list(range(ROWS)) if done == 0 else [])
+
+
+def test_numpy_scalars_are_taken_wherever_python_numbers_are(table):
+    """Configs computed with numpy pass numpy scalars, which the reference takes: the same
+    sequence and states as Python numbers, states that stay plain JSON, and a state whose
+    counters are numpy ints loads in both libraries."""
+    import json
+
+    import numpy as np
+
+    kw = {"num_splits": np.int64(4), "shuffle": np.bool_(True), "shuffle_seed": np.int64(7),
+          "epoch": np.int64(1), "rank": np.int32(1), "world_size": np.uint8(2),
+          "read_batch_size": np.int64(8)}
+    plain = {k: v.item() for k, v in kw.items()}
+    ds = ours(table, **kw)
+    assert [batch_ids(b) for b in ds.iter_batches(np.int64(5))] == [
+        batch_ids(b) for b in ours(table, **plain).iter_batches(5)]
+    ref = reference.StreamingDataset(table, **kw)
+    head = [next(it) for it in [iter(ref)] for _ in range(6)]
+    state = ref.state_dict()
+    numpy_state = {**state, **{k: [np.int64(x) for x in state[k]] for k in (
+        "samples_consumed_per_split", "positions_consumed_per_split")}}
+    resumed = ours(table, **kw)
+    resumed.load_state_dict(numpy_state)
+    json.dumps(resumed.state_dict())  # plain JSON
+    rest = [i for b in resumed.iter_batches(5) for i in batch_ids(b)]
+    whole = [i for b in ours(table, **plain).iter_batches(5) for i in batch_ids(b)]
+    assert [r["id"] for r in head] + rest == whole
+    ds.set_epoch(np.int64(2))
+    assert json.loads(json.dumps(ds.state_dict()))["epoch"] == 2
+
+
+def test_a_column_named_twice_is_read_once_as_in_the_reference(table):
+    columns = ["id", "id"]
+    ref = [r for r in theirs(table, columns=columns)]
+    got = list(ours(table, columns=columns))
+    assert got == ref and set(got[0]) == {"id"}
+
+
+def test_default_collate_gives_the_reference_loaders_batches(tmp_path):
+    """Without a collate_fn a batch keeps Arrow's dtypes and shapes (docs/migrating.md);
+    with torch's default_collate it is the reference DataLoader's batch exactly."""
+    import lancedb
+    from torch.utils.data import DataLoader, default_collate
+
+    table = lancedb.connect(str(tmp_path)).create_table("t", pa.table({
+        "id": pa.array(range(8), pa.int32()), "f": pa.array([0.5] * 8, pa.float32()),
+        "v": pa.array([[1, 2, 3]] * 8, pa.list_(pa.int32(), 3))}))
+
+    def described(x):
+        if isinstance(x, torch.Tensor):
+            return x.dtype, tuple(x.shape), x.tolist()
+        if isinstance(x, dict):
+            return {k: described(v) for k, v in x.items()}
+        return [described(v) for v in x] if isinstance(x, list) else x
+
+    kw = {"num_splits": 2, "shuffle_seed": 5}
+    theirs_ = [described(b) for b in DataLoader(reference.StreamingDataset(table, **kw),
+                                                batch_size=4)]
+    loader = lance_ray.StreamingDataLoader(
+        lance_ray.StreamingDataset(table, reader="local", **kw), batch_size=4,
+        collate_fn=default_collate)
+    assert [described(b) for b in loader] == theirs_
+    plain = next(iter(lance_ray.StreamingDataLoader(
+        lance_ray.StreamingDataset(table, reader="local", **kw), batch_size=4)))
+    assert plain["id"].dtype == torch.int32 and plain["v"].shape == (4, 3)

@@ -328,6 +328,13 @@ def test_bad_arguments_are_named(table_factory):
     for dropping in ("skip", "keep_slot"):
         with pytest.raises(ValueError, match="must not drop rows"):
             MixtureDataset([Source(a)], on_transform_error=dropping)
+    # numpy scalars are numbers here too, and the state stays plain JSON
+    import numpy as np
+    numpy_args = MixtureDataset([Source(a, weight=np.int64(2))], num_splits=np.int64(4),
+                                shuffle_seed=np.int64(3), world_size=np.int64(1), columns=["id"],
+                                reader="local")
+    assert flat(run(numpy_args, np.int64(8))) == flat(run(mixture([a], [1]), 8))
+    json.dumps(numpy_args.state_dict())
     # "raise" is the default, and saying so is accepted.
     explicit = mixture([a], [1], on_transform_error="raise")
     assert flat(run(explicit, 8)) == flat(run(mixture([a], [1]), 8))

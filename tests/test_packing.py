@@ -236,10 +236,13 @@ def test_packing_arguments_are_validated_as_in_the_reference(corpora, change, me
 @pytest.mark.parametrize("change, message", [
     (dict(pad_id=EOS), "must be a token reserved for padding"),
     (dict(eos_id=1.5), "eos_id must be an integer"),
+    # the reference refuses these too, but only at the first read (ValueError there as well)
+    (dict(eos_id=2**63), "eos_id 9223372036854775808 does not fit"),
+    (dict(pad_id=-2**63 - 1), "pad_id -9223372036854775809 does not fit"),
     (dict(pack_sequences=None, pack_position_ids=True), "require pack_sequences"),
 ])
-def test_packing_arguments_the_reference_accepts_silently_are_refused(corpora, change,
-                                                                      message):
+def test_packing_arguments_the_reference_accepts_at_construction_are_refused(
+        corpora, change, message):
     table, _ = corpora[0]
     kw = {**packed(L=4, num_splits=2, blocks_per_epoch=8), **change}
     if kw["pack_sequences"] is None:
@@ -381,3 +384,18 @@ def test_coordinator_views_take_the_runs_packing_arguments_from_the_coordinator(
                                           eos_id=EOS, pad_id=PAD, blocks_per_epoch=8)
     with pytest.raises(TypeError, match="unexpected keyword arguments: shuffle_sed"):
         StreamingDataset.from_coordinator("run", rank=0, world_size=1, shuffle_sed=1)
+
+
+def test_uint64_token_ids_beyond_int64_are_refused_not_wrapped(tmp_path):
+    import lancedb
+    import pyarrow as pa
+
+    docs = [[5, 6, 7], [8, 2**63 + 7, 9]]
+    table = lancedb.connect(str(tmp_path)).create_table("t", pa.table({
+        "id": [0, 1], "tokens": pa.array(docs, pa.list_(pa.uint64()))}))
+    kw = packed(L=4, num_splits=1, shuffle=False, blocks_per_epoch=2)
+    for read in (list, lambda ds: list(ds.iter_batches(1))):
+        with pytest.raises(ValueError, match="token id 9223372036854775815 does not fit"):
+            read(StreamingDataset(table, reader="local", **kw))
+    with pytest.raises(ValueError):
+        list(Reference(table, **kw))

@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from .. import storage
+from ..checks import numpy_scalars_accepted
 from ..coordinator.actor import CoordinatorActor
 from ..coordinator.client import DEFAULT_NAMESPACE, find_coordinator
 from ..plan.pack_args import pack_options
@@ -48,6 +49,7 @@ class Coordinator:
         return self._sources or None
 
     @classmethod
+    @numpy_scalars_accepted
     def create(
         cls,
         table: Any | Sequence[Source],
@@ -169,6 +171,7 @@ class Coordinator:
         """Find the live coordinator ``name`` in ``namespace``."""
         return cls(find_coordinator(name, namespace), name, namespace)
 
+    @numpy_scalars_accepted
     def view(self, rank: int, world_size: int, **kwargs: Any) -> Any:
         """A ``StreamingDataset`` for ``(rank, world_size)`` attached to this coordinator (a
         ``MixtureDataset`` for a mixture's)."""
@@ -181,6 +184,7 @@ class Coordinator:
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
         return ray.get(self.handle.state_dict.remote(step))
 
+    @numpy_scalars_accepted
     def load_state_dict(self, state: dict[str, Any]) -> None:
         ray.get(self.handle.load_state_dict.remote(state))
 
@@ -188,10 +192,12 @@ class Coordinator:
         """The state of a run that starts from scratch (zero progress, creation epoch)."""
         return ray.get(self.handle.initial_state.remote())
 
+    @numpy_scalars_accepted
     def resize(self, world_size: int) -> dict[str, Any]:
         """Redistribute the splits over ``world_size`` ranks from the latest sealed step."""
         return ray.get(self.handle.resize.remote(world_size))
 
+    @numpy_scalars_accepted
     def set_epoch(self, epoch: int) -> None:
         ray.get(self.handle.set_epoch.remote(epoch))
 

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..checks import is_int
+
 if TYPE_CHECKING:
     from ..plan.table import TableRef
 
@@ -25,8 +27,6 @@ class PackOptions:
     cu_seqlens: bool = False
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 TRANSFORM_REFUSED = "transform cannot be combined with pack_sequences"
@@ -65,22 +65,12 @@ def check_pack_arguments(num_splits: int, pack_sequences: int | None, eos_id: in
         if blocks_per_epoch is not None:
             raise ValueError("blocks_per_epoch requires pack_sequences")
         return False
-    if not _is_int(pack_sequences) or pack_sequences <= 0:
-        raise ValueError(f"pack_sequences must be greater than 0 (an integer block length), "
-                         f"got {pack_sequences!r}")
-    for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
-        if value is None:
-            raise ValueError(f"{name} is required when pack_sequences is set")
-        if not _is_int(value):
-            raise ValueError(f"{name} must be an integer token id, got {value!r}")
-    if eos_id == pad_id:
-        raise ValueError(f"eos_id and pad_id are both {eos_id}: padding is masked by "
-                         "input_ids == pad_id, so pad_id must be a token reserved for padding")
+    check_token_ids(pack_sequences, eos_id, pad_id)
     if blocks_per_epoch is None:
         raise ValueError("blocks_per_epoch is required when pack_sequences is set (an "
                          "integer, or 'auto' to count the epoch's tokens)")
     if blocks_per_epoch != "auto":
-        if not _is_int(blocks_per_epoch):
+        if not is_int(blocks_per_epoch):
             raise ValueError("blocks_per_epoch must be a positive integer or 'auto'")
         assert isinstance(blocks_per_epoch, int)
         if blocks_per_epoch <= 0:
@@ -91,6 +81,24 @@ def check_pack_arguments(num_splits: int, pack_sequences: int | None, eos_id: in
                              f"num_splits ({num_splits}); every split emits the same number "
                              f"of blocks (e.g. blocks_per_epoch={near})")
     return True
+
+
+def check_token_ids(pack_sequences: object, eos_id: object, pad_id: object) -> None:
+    """Refuse, naming the fix, a block length or token ids that packing cannot use."""
+    if not is_int(pack_sequences) or pack_sequences <= 0:
+        raise ValueError(f"pack_sequences must be greater than 0 (an integer block length), "
+                         f"got {pack_sequences!r}")
+    for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        if value is None:
+            raise ValueError(f"{name} is required when pack_sequences is set")
+        if not is_int(value):
+            raise ValueError(f"{name} must be an integer token id, got {value!r}")
+        if not -2**63 <= value < 2**63:
+            raise ValueError(f"{name} {value} does not fit in the int64 blocks "
+                             "pack_sequences makes; token ids must be int64")
+    if eos_id == pad_id:
+        raise ValueError(f"eos_id and pad_id are both {eos_id}: padding is masked by "
+                         "input_ids == pad_id, so pad_id must be a token reserved for padding")
 
 
 RUN_PACKING_ARGUMENTS = ("pack_sequences", "eos_id", "pad_id", "blocks_per_epoch")

@@ -110,7 +110,8 @@ def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:
 
 
 def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | None:
-    """``columns`` as a list, after checking each exists in the table."""
+    """``columns`` as a list, each once (in the order of first mention, as the reference
+    reads them), after checking each exists in the table."""
     if columns is None:
         return None
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
@@ -121,7 +122,7 @@ def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | Non
     unknown = [c for c in columns if c not in names]
     if unknown:
         raise ValueError(f"unknown column(s) {unknown}; the table has columns {names}")
-    return list(columns)
+    return list(dict.fromkeys(columns))
 
 
 def lease_tag(run: str) -> str:

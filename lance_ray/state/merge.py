@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..checks import numpy_scalars_accepted
 from ..topology import rank_splits
 from .format import EXTRA_KEY, IDENTITY_FIXES, PLAN_KEYS, Progress, parse_state
 from .mixture import is_mixture, merge_mixture_states
@@ -14,6 +15,7 @@ from .packed import CONFIG_KEYS, is_packed, parse_packed_state
 logger = logging.getLogger(__name__)
 
 
+@numpy_scalars_accepted
 def merge_state_dicts(states: list[dict]) -> dict[str, Any]:
     """Merge the states of every rank of one run, taken at one global step, into one state.
 

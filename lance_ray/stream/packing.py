@@ -38,7 +38,8 @@ def documents(column: pa.Array | pa.ChunkedArray, *, widen: bool = True
     """``(values, offsets)`` of a list column of token ids, offsets int64 from 0, values
     int64 (``widen=False``: in the column's own integer type, zero-copy).
 
-    Raises ``ValueError`` on null lists or null tokens (the reference refuses them too).
+    Raises ``ValueError`` on null lists or null tokens, and on uint64 ids that int64 blocks
+    cannot hold (the reference refuses them too).
     """
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
@@ -53,6 +54,9 @@ def documents(column: pa.Array | pa.ChunkedArray, *, widen: bool = True
         raise ValueError("pack_sequences does not support null token lists or null tokens; "
                          "filter them out (e.g. filter='tokens IS NOT NULL') or fix the table")
     out = values.to_numpy(zero_copy_only=False)
+    if out.dtype == np.uint64 and len(out) and int(out.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"token id {int(out.max())} does not fit in the int64 blocks "
+                         "pack_sequences makes; token ids must be below 2**63")
     return (out.astype(np.int64, copy=False) if widen else out), offsets
 
 

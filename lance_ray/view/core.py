@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import get_worker_info
 
+from ..checks import numpy_scalars_accepted
 from ..plan.sources import PlanSource
 from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
 from ..plan.table import TableRef, check_columns
@@ -127,6 +128,7 @@ class ViewCore:
         self._lease = None
         self._untracked[0] = 0
 
+    @numpy_scalars_accepted
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch``'s plan from its start (no-op if already on it)."""
         check_epoch_seed(self._spec.shuffle_seed, epoch)

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..checks import positive_int
+from ..checks import numpy_scalars_accepted, positive_int
 from ..coordinator.client import DEFAULT_NAMESPACE, CoordinatorPlans
 from ..plan import pack_args
 from ..plan.resolve import resolve_plan
@@ -95,6 +95,7 @@ class StreamingDataset(ViewCore, IterableDataset):
             and ``max_seqlen`` (the documents' boundaries, for varlen attention).
     """
 
+    @numpy_scalars_accepted
     def __init__(
         self,
         table: Any,
@@ -163,6 +164,7 @@ class StreamingDataset(ViewCore, IterableDataset):
                         mode_for(packing))
 
     @classmethod
+    @numpy_scalars_accepted
     def from_coordinator(
         cls,
         name: str,
@@ -241,6 +243,7 @@ class StreamingDataset(ViewCore, IterableDataset):
             raise RuntimeError(UNTRACKED)
         return self._mode.state_dict()
 
+    @numpy_scalars_accepted
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
         self._mode.load_state_dict(state)
@@ -262,6 +265,7 @@ class StreamingDataset(ViewCore, IterableDataset):
         """Yield samples one by one: dicts of Python values, or the transform's items."""
         return leased(self._mode.items)
 
+    @numpy_scalars_accepted
     def iter_batches(self, batch_size: int, *, collate_fn: Callable[[list[Any]], Any] | None = None,
                      device: Any = None, pin_memory: bool | None = None) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short).

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, cast
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ..checks import positive_int
+from ..checks import numpy_scalars_accepted, positive_int
 from ..read.batching import collate
 from ..read.documents import DocumentReads
 from ..read.requests import NO_COST, ChunkResult, ReadCost
@@ -161,6 +161,7 @@ class StreamingDataLoader(DataLoader):
             return MixtureDataLoader(dataset, *args, **kwargs)
         return super().__new__(cls)
 
+    @numpy_scalars_accepted
     def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
                  persistent_workers: bool = False, pin_memory: bool = False,
@@ -311,6 +312,7 @@ class StreamingDataLoader(DataLoader):
         """The dataset's committed state (what ``dataset.state_dict()`` returns)."""
         return self._streaming_dataset.state_dict()
 
+    @numpy_scalars_accepted
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Load ``state`` into the dataset; the next iteration resumes from it."""
         self._streaming_dataset.load_state_dict(state)

@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from ..checks import positive_int
+from ..checks import numpy_scalars_accepted, positive_int
 from ..coordinator.client import DEFAULT_NAMESPACE
+from ..plan import pack_args
 from ..plan.splits import check_epoch_seed
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts
@@ -93,6 +94,7 @@ class MixtureDataset(IterableDataset):
     merge_state_dicts = staticmethod(merge_state_dicts)
     is_mixture = True  # StreamingDataLoader gives a mixture its own loader
 
+    @numpy_scalars_accepted
     def __init__(self, sources: Sequence[Source], *, num_splits: int | None = None,
                  shuffle: bool = True, shuffle_seed: int = 0, epoch: int = 0, rank: int = 0,
                  world_size: int = 1, stop: str = "first_exhausted",
@@ -156,6 +158,7 @@ class MixtureDataset(IterableDataset):
             tail=self._carries_tokens)
 
     @classmethod
+    @numpy_scalars_accepted
     def from_coordinator(cls, name: str, *, rank: int, world_size: int,
                          namespace: str = DEFAULT_NAMESPACE, **view_kwargs: Any
                          ) -> MixtureDataset:
@@ -199,9 +202,7 @@ class MixtureDataset(IterableDataset):
         if refused:
             raise NotImplementedError(f"{sorted(refused)} are not implemented for a packed "
                                       "mixture (docs/mixing.md)")
-        positive_int("pack_sequences", length)
-        if not (isinstance(eos_id, int) and isinstance(pad_id, int)):
-            raise ValueError("pack_sequences needs integer eos_id and pad_id")
+        pack_args.check_token_ids(length, eos_id, pad_id)
         if transform is not None or not columns or len(columns) != 1:
             raise ValueError("a packed mixture reads one token column: pass columns=[name] "
                              "(a list of token ids in every source) and no transform")
@@ -294,6 +295,7 @@ class MixtureDataset(IterableDataset):
                 **self._pack, "world_size": ws, "carries": {
                     str(self.rank): self._packer.carry()}}}))
 
+    @numpy_scalars_accepted
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state``; nothing changes unless the whole state is valid."""
         mix = parse_mixture(state)
@@ -327,6 +329,7 @@ class MixtureDataset(IterableDataset):
         if carries is not None:
             self._packer.restore(carries)
 
+    @numpy_scalars_accepted
     def set_epoch(self, epoch: int) -> None:
         """Read mixture epoch ``epoch`` from its start (every source at its plan of that
         epoch); a no-op if already there and nothing was read."""
@@ -353,6 +356,7 @@ class MixtureDataset(IterableDataset):
             return leased(lambda lease: self._packed(lease, None))
         return leased(lambda lease: self._progress.read(lease, None, None))
 
+    @numpy_scalars_accepted
     def iter_batches(self, batch_size: int, *,
                      collate_fn: Callable[[list[Any]], Any] | None = None) -> Iterator[Any]:
         """Yield batches of ``batch_size`` consecutive samples (the last may be short),
