@@ -570,3 +570,21 @@ def test_a_packed_mixture_loader_closed_near_an_epochs_end_goes_on_and_resumes_e
         fresh = _packed(sources, stop=stop)
         fresh.load_state_dict(json.loads(json.dumps(loader.state_dict())))
         assert got + blocks(fresh.iter_batches(1)) == want
+
+
+def test_a_state_loaded_at_its_epochs_end_yields_nothing_then_the_next_epoch_as_a_view(
+        table_factory):
+    a, b = table_factory(24), table_factory(40)
+    for make in (lambda: mixture([a, b], [3, 1]),
+                 lambda: lance_ray.StreamingDataset(a, num_splits=4, shuffle_seed=3,
+                                                    columns=["id"], reader="local")):
+        ds = make()
+        first = [i for batch in ds.iter_batches(4) for i in batch["id"].tolist()]
+        following = [i for batch in ds.iter_batches(4) for i in batch["id"].tolist()]
+        at_end = make()
+        list(at_end.iter_batches(4))
+        resumed = make()
+        resumed.load_state_dict(json.loads(json.dumps(at_end.state_dict())))
+        assert list(resumed.iter_batches(4)) == [] and resumed.epoch == 0
+        assert [i for batch in resumed.iter_batches(4) for i in batch["id"].tolist()] == \
+            following and resumed.epoch == 1 and first

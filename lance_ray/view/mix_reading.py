@@ -321,8 +321,11 @@ class MixProgress:
 
     def finished(self, generation: int) -> None:
         """The iterator of ``generation`` read its plan to the end (the epoch ended, unless
-        a newer iterator took over)."""
+        a newer iterator took over). A state loaded at its epoch's end yields nothing once,
+        then the next iteration starts the next epoch, as a view does."""
         self._ended = generation == self._generation
+        if self._ended:
+            self._loaded = False
 
     def commit(self, mb: MixBatch, cost: ReadCost, wait_s: float) -> None:
         """Count a batch read elsewhere (a DataLoader worker) as delivered, now."""
