@@ -27,8 +27,6 @@ class PackOptions:
     cu_seqlens: bool = False
 
 
-
-
 TRANSFORM_REFUSED = "transform cannot be combined with pack_sequences"
 
 
