@@ -51,7 +51,7 @@ class MixProgress:
     def __init__(self, views: list[StreamingDataset], schedule: Schedule, *, stop: str,
                  rank: int, world_size: int, num_splits: int, epoch: int,
                  next_epoch: Callable[[int], None], on_batch: Callable[[], None],
-                 tail: Callable[[], bool] = lambda: False) -> None:
+                 tail: Callable[[], bool]) -> None:
         self.views, self.schedule, self.stop = views, schedule, stop
         self.rank, self.world_size, self.num_splits = rank, world_size, num_splits
         self._next_epoch, self._on_batch, self._tail = next_epoch, on_batch, tail
