@@ -17,7 +17,8 @@ from ..state.mixture import STOPS, MixtureRun, mixture_meta, source_meta
 from ..state.reporting import ReportPolicy
 from ..stream.mixing import integer_weights
 from ..topology import splits_per_rank
-from ..view.mixture import MixtureDataset, Source
+from ..view.mix_pack import pack_config
+from ..view.mixture import Source
 
 
 def is_sources(data: Any) -> bool:
@@ -50,7 +51,7 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
     weights = integer_weights([s.weight for s in sources])
     if pack is not None:  # MixtureDataset's own validation: one token column, integer ids
         columns = pack.pop("columns", None)
-        pack = MixtureDataset._pack_config(dict(pack), columns, None)
+        pack = pack_config(dict(pack), columns, None)
     num_splits = world_size if num_splits is None else num_splits
     splits_per_rank(num_splits, world_size)
     policy = report_policy or ReportPolicy()

@@ -16,6 +16,29 @@ from typing import Any
 
 import numpy as np
 
+from ..plan import pack_args
+from ..read.transform import Transform
+
+
+def pack_config(kwargs: dict[str, Any], columns: list[str] | None,
+                transform: Transform | None) -> dict[str, Any] | None:
+    """A packed mixture's configuration, taken out of ``kwargs`` (None: not packed);
+    refuses, naming the fix, what a packed mixture cannot do."""
+    length = kwargs.pop("pack_sequences", None)
+    eos_id, pad_id = kwargs.pop("eos_id", None), kwargs.pop("pad_id", None)
+    refused = {"blocks_per_epoch", "pack_position_ids", "pack_cu_seqlens"} & set(kwargs)
+    if length is None:
+        return None
+    if refused:
+        raise NotImplementedError(f"{sorted(refused)} are not implemented for a packed "
+                                  "mixture (docs/mixing.md)")
+    pack_args.check_token_ids(length, eos_id, pad_id)
+    if transform is not None or not columns or len(columns) != 1:
+        raise ValueError("a packed mixture reads one token column: pass columns=[name] "
+                         "(a list of token ids in every source) and no transform")
+    return {"pack_sequences": length, "eos_id": eos_id, "pad_id": pad_id,
+            "column": columns[0]}
+
 
 @dataclass
 class TokenPacker:

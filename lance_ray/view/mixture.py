@@ -20,7 +20,6 @@ from torch.utils.data import IterableDataset
 
 from ..checks import numpy_scalars_accepted, positive_int
 from ..coordinator.client import DEFAULT_NAMESPACE
-from ..plan import pack_args
 from ..plan.splits import check_epoch_seed
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts
@@ -40,7 +39,7 @@ from ..stream.mixing import Schedule, integer_weights
 from .dataset import StreamingDataset
 from .iteration import Lease, leased
 from .mix_attach import MixtureLink, attach
-from .mix_pack import TokenPacker, blocks, carries_for
+from .mix_pack import TokenPacker, blocks, carries_for, pack_config
 from .mix_reading import MixProgress
 
 logger = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class MixtureDataset(IterableDataset):
                 not all(isinstance(s, Source) for s in sources):
             raise ValueError("sources must be a non-empty list of lance_ray.Source(table, "
                              "weight=...)")
-        pack = self._pack_config(view_kwargs, columns, transform)
+        pack = pack_config(view_kwargs, columns, transform)
         refused = {"fill_value", "worker_info_override"} & set(view_kwargs)
         if view_kwargs.get("on_transform_error", "raise") != "raise":
             refused.add("on_transform_error")
@@ -190,24 +189,6 @@ class MixtureDataset(IterableDataset):
         elif epoch != self.epoch:
             self.set_epoch(epoch)
         return self
-
-    @staticmethod
-    def _pack_config(kwargs: dict[str, Any], columns: list[str] | None,
-                     transform: Transform | None) -> dict[str, Any] | None:
-        length = kwargs.pop("pack_sequences", None)
-        eos_id, pad_id = kwargs.pop("eos_id", None), kwargs.pop("pad_id", None)
-        refused = {"blocks_per_epoch", "pack_position_ids", "pack_cu_seqlens"} & set(kwargs)
-        if length is None:
-            return None
-        if refused:
-            raise NotImplementedError(f"{sorted(refused)} are not implemented for a packed "
-                                      "mixture (docs/mixing.md)")
-        pack_args.check_token_ids(length, eos_id, pad_id)
-        if transform is not None or not columns or len(columns) != 1:
-            raise ValueError("a packed mixture reads one token column: pass columns=[name] "
-                             "(a list of token ids in every source) and no transform")
-        return {"pack_sequences": length, "eos_id": eos_id, "pad_id": pad_id,
-                "column": columns[0]}
 
     def _carries_tokens(self) -> bool:
         """Whether a packed mixture's packer holds tokens not yet handed over in a block."""
