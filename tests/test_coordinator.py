@@ -207,6 +207,21 @@ def test_a_checkpoint_state_dict_waits_until_its_step_is_recorded(coord_factory)
         assert sealed[key] == merged[key]
 
 
+def test_steps_sealed_before_a_restore_are_not_handed_out_after_it(coord_factory):
+    """After restoring an earlier checkpoint, a later step of the abandoned progress is not
+    sealed any more: state_dict(step=...) refuses it rather than hand out a state the
+    resumed run may never reach."""
+    coord = coord_factory("restore_history", report_policy=ReportPolicy(every_batches=1))
+    step_views(local_views(coord, 2), 8)
+    wait_sealed(coord, 8)
+    early = coord.state_dict(step=4)
+    coord.load_state_dict(early)
+    with pytest.raises(ValueError, match="step 8 of epoch 0 is not sealed"):
+        coord.state_dict(step=8)
+    again = coord.state_dict(step=4)
+    assert again["samples_consumed_per_split"] == early["samples_consumed_per_split"]
+
+
 def test_status_is_current_within_the_report_interval_when_views_stop(coord_factory):
     coord = coord_factory("status_lag", report_policy=ReportPolicy(every_batches=128,
                                                                    every_s=0.2))

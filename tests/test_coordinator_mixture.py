@@ -181,6 +181,17 @@ def test_a_checkpoint_loads_into_the_coordinator_and_other_states_are_refused(ma
         coord.load_state_dict(other.state_dict())
 
 
+def test_steps_sealed_before_a_restore_are_not_handed_out_after_it(make, tables):
+    coord = make("mix_restore_history", 2)
+    step(batches(attached(coord, 2), 2), 6)
+    wait_sealed(coord, 6)
+    early = coord.state_dict(step=3)
+    coord.load_state_dict(early)
+    with pytest.raises(ValueError, match="step 6 of epoch 0 is not sealed"):
+        coord.state_dict(step=6)
+    assert coord.state_dict(step=3) == early
+
+
 def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, tables,
                                                                    tmp_path):
     sources = [Source(t) for t in tables]

@@ -276,7 +276,8 @@ class CoordinatorActor:
         self._packed.base_file = name
 
     def _restore(self, sealed: lg.Sealed) -> None:
-        lg.restore(self._ledger, sealed)
+        if lg.restore(self._ledger, sealed):
+            self._history.restart(sealed)
         self._built = None  # a packed state's buffers also depend on the restored base
         self._rank_progress.clear()  # the views before the restore are gone
         self._persist(durable=True)

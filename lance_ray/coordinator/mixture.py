@@ -219,6 +219,8 @@ class MixtureCoordinatorActor:
             if state == self._sealed and mix["epoch"] == self._epoch:
                 return  # every rank of a restarted group restores the same checkpoint
             self._sealed, self._epoch = state, mix["epoch"]
+            # Steps sealed before the restore belong to abandoned progress: not handed out.
+            self._history = {_key(state): state}
             self._pending.clear()
             self._persist(durable=True)
 

@@ -264,6 +264,12 @@ class History:
         while len(self.steps) > keep:
             del self.steps[next(iter(self.steps))]
 
+    def restart(self, sealed: Sealed) -> None:
+        """Keep only ``sealed``: the steps kept before a restore belong to progress that was
+        abandoned (or to another run), and ``state_dict(step=...)`` must not hand them out."""
+        self.steps = {}
+        self.add(sealed)
+
     def get(self, epoch: int, step: int) -> Sealed:
         sealed = self.steps.get((epoch, step))
         if sealed is None:
@@ -292,14 +298,16 @@ def advance_epoch(ledger: Ledger, epoch: int) -> None:
         ledger.clear_pending()
 
 
-def restore(ledger: Ledger, sealed: Sealed) -> None:
-    """Make ``sealed`` (e.g. from a checkpoint) the starting point, dropping pending reports.
+def restore(ledger: Ledger, sealed: Sealed) -> bool:
+    """Make ``sealed`` (e.g. from a checkpoint) the starting point, dropping pending reports;
+    whether anything changed.
 
     Restoring the progress the ledger already starts from is a no-op, so every rank of a
     restarted group may restore the same checkpoint without wiping the others' reports.
     """
     if ledger.start() == replace(sealed, world_size=ledger.world_size):
-        return
+        return False
     ledger.epoch = sealed.epoch
     ledger.sealed = sealed
     ledger.clear_pending()
+    return True
