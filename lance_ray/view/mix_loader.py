@@ -54,12 +54,13 @@ def _identity(x: Any) -> Any:
     return x
 
 
-def read_ranges(view: StreamingDataset, stream: RankStream, ranges: list[tuple[int, int]],
-                as_tensors: bool) -> Iterator[Batch]:
-    """Samples ``lo .. hi-1`` of ``stream`` for each range, in order, read in this process."""
+def read_ranges(view: StreamingDataset, plan: SplitPlan, stream: RankStream,
+                ranges: list[tuple[int, int]], as_tensors: bool) -> Iterator[Batch]:
+    """Samples ``lo .. hi-1`` of ``stream`` (over ``plan``, a pass of ``view``'s source) for
+    each range, in order, read in this process."""
     wanted = [(j, lo, hi) for j, (lo, hi) in enumerate(ranges)]
     reads = view._reads
-    requests = requests_for(view._plan, stream, ranges, reads.sizing)
+    requests = requests_for(plan, stream, ranges, reads.sizing)
     chunks = reads.chunks(stream, requests, True, as_tensors)
     return assemble((reads.resolved(stream, c) for c in chunks), wanted)
 
@@ -109,14 +110,14 @@ class _MixtureBatches(TravelsByValue, IterableDataset):
 
         def reader(i: int, pass_no: int) -> Iterator[Batch]:
             if (i, pass_no) not in readers:
-                view = views[i]
-                stream = self.streams[i]
+                view, plan, stream = views[i], views[i]._plan, self.streams[i]
                 if pass_no != first[i]:  # a later pass of the source: its plan, from 0
-                    spec = view._spec.for_epoch(pass_no)
-                    view._install_plan(spec, self.later[(i, pass_no)])
+                    # Only read it: installing it in the view would make the view's cursor
+                    # take this worker for a plain DataLoader worker's split share.
+                    plan = self.later[(i, pass_no)]
                     zeros = [0] * view.num_splits
-                    stream = stream_for(view._owned, zeros, zeros, view._plan.split_len)
-                readers[(i, pass_no)] = read_ranges(view, stream, ranges[(i, pass_no)],
+                    stream = stream_for(view._owned, zeros, zeros, plan.split_len)
+                readers[(i, pass_no)] = read_ranges(view, plan, stream, ranges[(i, pass_no)],
                                                     as_tensors)
             return readers[(i, pass_no)]
 
