@@ -56,6 +56,20 @@ class FailOn:
         return [{"id": i} for i in ids]
 
 
+class CollateFailsOn:
+    """A collate_fn that fails on any batch holding id ``bad`` (picklable: workers use it)."""
+
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __call__(self, rows):
+        from torch.utils.data import default_collate
+
+        if any(r["id"] == self.bad for r in rows):
+            raise KeyError(f"bad id {self.bad}")
+        return default_collate(rows)
+
+
 def ours(table, **kw) -> lance_ray.StreamingDataset:
     kw = {"num_splits": SPLITS, "shuffle_seed": SEED, "reader": "local", **kw}
     return lance_ray.StreamingDataset(table, **kw)
@@ -509,3 +523,24 @@ def test_default_collate_gives_the_reference_loaders_batches(tmp_path):
     plain = next(iter(lance_ray.StreamingDataLoader(
         lance_ray.StreamingDataset(table, reader="local", **kw), batch_size=4)))
     assert plain["id"].dtype == torch.int32 and plain["v"].shape == (4, 3)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_a_collate_fn_that_raises_ends_the_iteration_at_its_batch_with_any_workers(
+        table, num_workers):
+    """The batches before the failing one arrive (workers send batches in groups: a group's
+    failure must not take its earlier batches with it), the state is that of the last one,
+    and resuming from it delivers the rest, the failed batch's samples first."""
+    order = [i for b in ours(table).iter_batches(10) for i in batch_ids(b)]
+    bad = order[55]
+    ds = ours(table)
+    loader = lance_ray.StreamingDataLoader(ds, batch_size=10, num_workers=num_workers,
+                                           collate_fn=CollateFailsOn(bad))
+    got: list[int] = []
+    with pytest.raises(KeyError, match=f"bad id {bad}"):
+        for b in loader:
+            got += b["id"].tolist()
+    assert got == order[:50]
+    resumed = ours(table)
+    resumed.load_state_dict(loader.state_dict())
+    assert [i for b in resumed.iter_batches(10) for i in batch_ids(b)] == order[50:]

@@ -6,6 +6,7 @@ from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any, NamedTuple, cast
 
+from torch._utils import ExceptionWrapper
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..checks import numpy_scalars_accepted, positive_int
@@ -28,6 +29,15 @@ class _Delivered(NamedTuple):
     data: Any
     skipped: int
     cost: ReadCost
+
+
+class _CollateFailed(NamedTuple):
+    """Batch ``number``'s ``collate_fn`` raised in a worker: the trainer raises ``error`` when
+    the batch is due, after every batch before it (as without workers)."""
+
+    number: int
+    size: int
+    error: Any  # torch's ExceptionWrapper: the worker's traceback, re-raised by the trainer
 
 
 def _identity(x: Any) -> Any:
@@ -77,10 +87,20 @@ class _BatchSource(TravelsByValue, IterableDataset):
         for group in p.read_batches(size * self.group, worker=worker, num_workers=workers,
                                     as_tensors=self.collate_fn is None):
             first = group.index * self.group
-            yield [_Delivered(first + j, min(size, group.size - lo),
-                              *collate(group.payload[lo : lo + size], self.collate_fn),
-                              NO_COST if j else group.cost)
-                   for j, lo in enumerate(range(0, group.size, size))]
+            made: list[_Delivered | _CollateFailed] = []
+            for j, lo in enumerate(range(0, group.size, size)):
+                try:
+                    data, skipped = collate(group.payload[lo : lo + size], self.collate_fn)
+                except Exception:
+                    # The group's earlier batches still arrive, then the error, where it is
+                    # raised without workers: the batches trained do not depend on workers.
+                    made.append(_CollateFailed(first + j, 0, ExceptionWrapper(
+                        where=f"in DataLoader worker {worker}, collating batch {first + j}")))
+                    yield made
+                    return
+                made.append(_Delivered(first + j, min(size, group.size - lo), data, skipped,
+                                       NO_COST if j else group.cost))
+            yield made
 
 
 
@@ -289,7 +309,8 @@ class StreamingDataLoader(DataLoader):
             p.deliver(len(taken), cost, 0, wait_s, batches=1, survivors=taken)
             yield out
 
-    def _committed(self, p: Pass, inner: Iterator[list[_Delivered]]) -> Iterator[Any]:
+    def _committed(self, p: Pass, inner: Iterator[list[_Delivered | _CollateFailed]]
+                   ) -> Iterator[Any]:
         expected = 0
         for group, wait_s in timed(inner):
             p.received(sum(d.size for d in group))
@@ -299,6 +320,9 @@ class StreamingDataLoader(DataLoader):
                         f"batch {delivered.number} arrived where batch {expected} was "
                         "due; refusing to commit out-of-order progress"
                     )
+                if isinstance(delivered, _CollateFailed):
+                    delivered.error.reraise()
+                    return
                 p.deliver(delivered.size, delivered.cost, delivered.skipped, wait_s, batches=1)
                 wait_s = 0.0  # the group's wait is booked with its first batch
                 expected += 1
