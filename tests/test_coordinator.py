@@ -212,9 +212,13 @@ def test_steps_sealed_before_a_restore_are_not_handed_out_after_it(coord_factory
     sealed any more: state_dict(step=...) refuses it rather than hand out a state the
     resumed run may never reach."""
     coord = coord_factory("restore_history", report_policy=ReportPolicy(every_batches=1))
-    step_views(local_views(coord, 2), 8)
+    views = local_views(coord, 2)
+    step_views(views, 4)
+    wait_sealed(coord, 4)
+    early = coord.state_dict()  # step 4 (reports may coalesce: not every step is sealed)
+    step_views(views, 4)
     wait_sealed(coord, 8)
-    early = coord.state_dict(step=4)
+    coord.state_dict(step=8)  # sealed, before the restore
     coord.load_state_dict(early)
     with pytest.raises(ValueError, match="step 8 of epoch 0 is not sealed"):
         coord.state_dict(step=8)
