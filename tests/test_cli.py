@@ -221,6 +221,64 @@ def test_merge_two_rank_states_into_one_that_resumes_anywhere(capsys, rank_files
     assert s["resumable_world_sizes"] == [1, 2, 4, 8]
 
 
+def _rank_states(make) -> list[dict]:
+    """Each of two ranks' states after one batch of ``make(rank)``'s iteration."""
+    states = []
+    for rank in range(2):
+        ds = make(rank)
+        next(ds.iter_batches(2))
+        states.append(ds.state_dict())
+    return states
+
+
+def _merge_via_cli(capsys, states: list[dict], tmp_path: Path) -> tuple[str, dict]:
+    paths = []
+    for rank, state in enumerate(states):
+        save_state(tmp_path / f"r{rank}.json", state)
+        paths.append(str(tmp_path / f"r{rank}.json"))
+    code, out, err = run(capsys, "merge", *paths, "-o", str(tmp_path / "m.json"), "--json")
+    assert (code, err) == (0, "")
+    merged = load_state(tmp_path / "m.json")
+    assert merged == json.loads(json.dumps(merge_state_dicts(states)))  # JSON keys are str
+    return out, merged
+
+
+def test_merge_packed_rank_states_as_the_library_does(capsys, token_table, tmp_path):
+    table, _ = token_table
+    states = _rank_states(lambda rank: lance_ray.StreamingDataset(
+        table, num_splits=4, rank=rank, world_size=2, columns=["tokens"], pack_sequences=8,
+        eos_id=0, pad_id=1, blocks_per_epoch="auto", reader="local"))
+    out, merged = _merge_via_cli(capsys, states, tmp_path)
+    assert json.loads(out)["total_consumed"] == sum(merged["samples_consumed_per_split"])
+    code, _, err = run(capsys, "inspect", str(tmp_path / "m.json"))
+    assert code == 2 and "packed state" in err
+
+
+def test_merge_mixture_rank_states_and_inspect_refuses_them_by_name(capsys, table_factory,
+                                                                     tmp_path):
+    tables = [table_factory(64), table_factory(96)]
+    states = _rank_states(lambda rank: lance_ray.MixtureDataset(
+        [lance_ray.Source(t, weight=w) for t, w in zip(tables, (1, 2))], num_splits=4,
+        rank=rank, world_size=2, columns=["id"], reader="local"))
+    out, merged = _merge_via_cli(capsys, states, tmp_path)
+    report = json.loads(out)
+    assert report["total_consumed"] == sum(sum(s["samples_consumed_per_split"])
+                                           for s in merged["sources"]) == 4
+    code, _, err = run(capsys, "inspect", str(tmp_path / "m.json"))
+    assert code == 2 and "MixtureDataset state" in err and err.count("\n") == 1
+
+
+def test_merge_onto_a_directory_names_the_output(capsys, rank_files, tmp_path):
+    code, _, err = run(capsys, "merge", *map(str, rank_files), "-o", str(tmp_path))
+    assert code == 2 and repr(str(tmp_path)) in err and ".tmp" not in err
+
+
+def test_plan_of_index_mode_with_clumps_does_not_say_they_have_no_effect(capsys, table_1k):
+    code, out, _ = run(capsys, "plan", table_1k.to_lance().uri, "--num-splits", "4",
+                       "--plan", "index", "--clump-size", "8")
+    assert code == 0 and "no effect" not in out and "of 8 rows" in out
+
+
 # ----------------------------------------------------------------------- bad input
 
 

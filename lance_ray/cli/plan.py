@@ -132,8 +132,11 @@ def print_plan(p: dict[str, Any]) -> None:
              f"{c['clumps_per_split']:.1f} per split, {c['mean_rows_per_run']:.1f} rows per run "
              "(clumps are cut at split boundaries)"),
         ]
-    elif p["shuffle_clump_size"] is not None:
+    elif p["shuffle_clump_size"] is not None and not p["shuffle"]:
         fields.append(("clumps", "clump size has no effect without shuffle"))
+    elif p["shuffle_clump_size"] is not None:  # the index plan keeps no list of row ids
+        fields.append(("clumps", f"of {p['shuffle_clump_size']} rows (run statistics are "
+                       "given for plan='lancedb' only)"))
     print_fields(fields)
 
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..state import format as st
+from ..state.mixture import is_mixture
+from ..state.packed import check_state
 from ..storage import read_json
 
 PROG = "lance-ray-streaming"
@@ -38,8 +40,11 @@ class Parser(argparse.ArgumentParser):
 # --------------------------------------------------------------------------- helpers
 
 
-def read_state_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate the checkpoint state at ``path``; a :class:`CliError` names the file."""
+def read_state_file(path: str | os.PathLike[str], *, any_mode: bool = False) -> dict[str, Any]:
+    """Read and validate the checkpoint state at ``path``; a :class:`CliError` names the file.
+
+    ``any_mode``: accept packed and mixture states too (what ``save_state`` writes);
+    otherwise only a plain ``StreamingDataset`` state, and the others are refused by name."""
     name = os.fspath(path)
     try:
         state = read_json(path)
@@ -47,8 +52,12 @@ def read_state_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CliError(f"cannot read {name!r}: {e.strerror or e}") from e
     except (ValueError, UnicodeDecodeError) as e:  # read_json's message names the file
         raise CliError(one_line(e)) from e
+    if not any_mode and is_mixture(state):
+        raise CliError(f"{name!r} is a MixtureDataset state: this command reads a "
+                       "StreamingDataset's state; load it with MixtureDataset.load_state_dict, "
+                       "or pass one of its 'sources' states")
     try:
-        st.parse_state(state)
+        (check_state if any_mode else st.parse_state)(state)
     except (ValueError, TypeError) as e:
         raise CliError(f"{name!r} is not a valid checkpoint state: {one_line(e)}") from e
     return state
