@@ -131,20 +131,29 @@ def resolve(path: str | os.PathLike[str],
         )
     if not rest.split("/", 1)[0]:
         raise ValueError(f"{text!r} names no bucket or container: write {scheme}://bucket/path")
+    account = None
+    if kind == "azure" and "@" in rest.split("/", 1)[0]:
+        # abfss://container@account.dfs.core.windows.net/path: the account is in the URI.
+        where, _, path = rest.partition("/")
+        container, _, host = where.partition("@")
+        account, rest = host.split(".", 1)[0], f"{container}/{path}"
     env = tuple(os.environ.get(k) for k in _ENV_KEYS)
-    return _remote_filesystem(kind, storage_options, env), rest.rstrip("/")
+    if not hashable(storage_options):  # a factory that cannot key the cache
+        return _remote_filesystem.__wrapped__(kind, storage_options, env, account), \
+            rest.rstrip("/")
+    return _remote_filesystem(kind, storage_options, env, account), rest.rstrip("/")
 
 
 @functools.lru_cache(maxsize=16)
 def _remote_filesystem(kind: str, storage_options: StorageOptionsFactory | None,
-                       env: tuple[str | None, ...]) -> pafs.FileSystem:
+                       env: tuple[str | None, ...], account: str | None) -> pafs.FileSystem:
     # ``env`` is part of the cache key only: a changed environment gets a new filesystem.
     opts = {k.lower(): v for k, v in (storage_options() if storage_options else {}).items()}
     if kind == "s3":
         return _s3(opts, own_retries=False)
     if kind == "gcs":
         return pafs.GcsFileSystem(**_pick(opts, {"google_endpoint": "endpoint_override"}))
-    account = opts.get("azure_storage_account_name") or os.environ.get(
+    account = account or opts.get("azure_storage_account_name") or os.environ.get(
         "AZURE_STORAGE_ACCOUNT_NAME")
     if not account:
         raise ValueError("az:// paths need the account name: set AZURE_STORAGE_ACCOUNT_NAME or "
@@ -360,3 +369,12 @@ def read_json(path: str | os.PathLike[str], *,
             logger.info("storage: %s did not parse (overwritten while read?); reading again",
                         path)
     raise AssertionError("unreachable")
+
+
+def hashable(value: object) -> bool:
+    """Whether ``value`` can key a cache (a ``storage_options`` factory need not be)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True

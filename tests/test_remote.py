@@ -318,3 +318,21 @@ def test_loader_workers_without_connection_factory_name_the_fix(table):
     with pytest.raises(TypeError, match="without connection_factory"):
         next(iter(loader))
     assert ds.state_dict()["lance_ray"]["global_step"] == 0
+
+
+def test_packing_over_a_remote_table_gives_the_reference_blocks(tmp_path, token_table):
+    table, _ = token_table
+    srv = LanceHttpServer({"docs": table.to_lance().uri}, api_key=KEY)
+    try:
+        remote_table = connect(srv, "docs")
+        kw = {"num_splits": 2, "columns": ["tokens"], "pack_sequences": 8, "eos_id": 0,
+              "pad_id": 1, "blocks_per_epoch": 6}
+        ours = lance_ray.StreamingDataset(remote_table, reader="local", **kw)
+        theirs = reference.StreamingDataset(remote_table, **kw)
+        assert ([(r["input_ids"].tolist(), r["doc_ids"].tolist()) for r in ours]
+                == [(r["input_ids"].tolist(), r["doc_ids"].tolist()) for r in theirs])
+        with pytest.raises(ValueError, match="blocks_per_epoch='auto'"):
+            lance_ray.StreamingDataset(remote_table, reader="local",
+                                       **{**kw, "blocks_per_epoch": "auto"})
+    finally:
+        srv.close()

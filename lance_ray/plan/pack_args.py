@@ -44,7 +44,7 @@ def pack_options(table: TableRef, columns: list[str] | None, transform: object,
     if columns is None or len(columns) != 1:
         raise ValueError("pack_sequences requires columns to name exactly one list-typed "
                          f"column of token ids, got columns={columns!r}")
-    kind = table.open_lance().schema.field(columns[0]).type
+    kind = table.schema().field(columns[0]).type
     if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)
             or pa.types.is_fixed_size_list(kind)):
         raise ValueError(f"pack_sequences requires a list-typed token column; {columns[0]} "

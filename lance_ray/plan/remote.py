@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..storage import hashable
 from .table import TableRef
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class RemoteTableRef(TableRef):
         raise ValueError(
             f"{self!r} is a remote LanceDB table: lance_ray reads it through the LanceDB "
             "API (StreamingDataset), but this operation needs a Lance dataset (a local or "
-            "object-store table): plan='index', the coordinator, version leases and the CLI"
+            "object-store table): plan='index', blocks_per_epoch='auto' (pass the number of "
+            "blocks), the coordinator, version leases and the CLI"
         )
 
     def open_lancedb(self) -> Any:
@@ -93,17 +95,15 @@ class RemoteTableRef(TableRef):
             return self.local
         factory = self.connection_factory
         assert factory is not None  # a ref without local handle was unpickled: has one
-        try:
-            hash(factory)
-        except TypeError:  # cannot be a cache key: reopen for every use
+        if not hashable(factory):  # cannot be a cache key: reopen for every use
             return _pin(factory(self.name), self.name, self.branch, self.version)
         return _open_pinned(factory, self.name, self.branch, self.version)
 
     def row_count(self, filter: str | None) -> int:
         return int(self.open_lancedb().count_rows(filter))
 
-    def column_names(self) -> list[str]:
-        return list(self.open_lancedb().schema.names)
+    def schema(self) -> pa.Schema:
+        return self.open_lancedb().schema
 
     def take_rows(self, row_ids: np.ndarray, columns: list[str] | None) -> pa.Table:
         """Rows ``row_ids`` at the pinned version, in the given order."""

@@ -14,7 +14,7 @@ from ..checks import positive_int
 from ..storage import StorageOptionsFactory
 from .remote import is_remote_table, resolve_remote
 from .splits import PlanSpec, check_plan_args
-from .table import TableRef, _open_lance_uncached, count_rows
+from .table import ConnectionOptions, TableRef, _open_lance_uncached, count_rows
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +77,6 @@ def resolve_table(
                 "with connection_factory)"
             )
         return resolve_remote(table, version, connection_factory)
-    if connection_factory is not None:
-        logger.info("connection_factory is used for remote tables only; %s is reopened "
-                    "from its URI", type(table).__name__)
     if storage_options is not None and not callable(storage_options):
         raise TypeError(
             "storage_options must be a zero-argument callable returning a dict (so that "
@@ -97,8 +94,13 @@ def resolve_table(
         except Exception as e:
             raise ValueError(f"no Lance dataset at {uri!r}: {e}") from e
     elif hasattr(table, "to_lance"):  # a LanceDB table
+        check_not_in_memory(table)
         ds = table.to_lance()
         uri, current = ds.uri, table.version
+        if storage_options is None and (connection_factory is not None
+                                        or ds.initial_storage_options):
+            storage_options = ConnectionOptions(table.name, connection_factory,
+                                                ds.initial_storage_options)
     elif hasattr(table, "uri") and hasattr(table, "version"):  # a lance.LanceDataset
         uri, current = table.uri, table.version
     else:
@@ -106,6 +108,9 @@ def resolve_table(
             "table must be a LanceDB Table, a lance.LanceDataset or the URI of a Lance "
             f"dataset, got {type(table).__name__}"
         )
+    if connection_factory is not None and not isinstance(storage_options, ConnectionOptions):
+        logger.info("connection_factory reopens LanceDB tables; %s is reopened from its URI",
+                    type(table).__name__)
     if version is None:
         version = int(current)
     ref = TableRef(str(uri), int(version), storage_options)
@@ -113,3 +118,16 @@ def resolve_table(
     # datasets could still hold it after a cleanup).
     _open_lance_uncached(ref.uri, ref.version, storage_options)
     return ref
+
+
+def check_not_in_memory(table: Any) -> None:
+    """Refuse a table of a ``memory://`` LanceDB connection: it has no dataset that
+    lance_ray's readers could open by URI."""
+    connection = getattr(table, "_conn", None)
+    if str(getattr(connection, "uri", "")).startswith("memory://"):
+        raise ValueError(
+            f"LanceDB table {getattr(table, 'name', '?')!r} lives in a memory:// connection, "
+            "which has no dataset that other readers can open: lance_ray reads Lance datasets "
+            "by URI. Write it to a directory or object store first (e.g. "
+            "lancedb.connect('data').create_table(name, table.to_arrow()))"
+        )

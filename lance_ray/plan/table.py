@@ -11,16 +11,50 @@ import functools
 import logging
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..storage import StorageOptionsFactory
+from ..storage import StorageOptionsFactory, hashable
 
 logger = logging.getLogger(__name__)
 
+
+
+@dataclass(frozen=True, eq=False)
+class ConnectionOptions:
+    """The storage options of the connection a LanceDB table was opened with, as a
+    ``storage_options`` factory. In this process they are held (``local``, never pickled);
+    in another process ``connection_factory`` reopens the table there and gives its
+    connection's options, as ``lancedb.streaming`` reopens a table in DataLoader workers."""
+
+    name: str
+    connection_factory: Callable[[str], Any] | None
+    local: dict[str, str] | None = field(default=None, repr=False)
+
+    def __call__(self) -> dict[str, str]:
+        if self.local is not None:
+            return dict(self.local)
+        assert self.connection_factory is not None  # unpickled: check_shippable held
+        return dict(self.connection_factory(self.name).to_lance().initial_storage_options or {})
+
+    def check_shippable(self) -> None:
+        if self.connection_factory is None:
+            raise TypeError(
+                f"LanceDB table {self.name!r} was opened on a connection with storage "
+                "options, which lance_ray never pickles (they may hold credentials), so it "
+                "cannot be read in another process (a Ray task or a DataLoader worker). Pass "
+                "connection_factory=<picklable function (table name) -> table> as for "
+                "lancedb.streaming, or storage_options=<zero-argument function -> dict>, or "
+                "read in this process (reader='local', num_workers=0)"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.check_shippable()
+        return {**self.__dict__, "local": None}
 
 
 @dataclass(frozen=True)
@@ -47,32 +81,47 @@ class TableRef:
     def open_lancedb(self) -> Any:
         """The pinned table as a LanceDB ``Table`` (what lancedb's plan builder takes)."""
         import lancedb
+        from lancedb.table import LanceTable
 
-        parent, name = os.path.split(self.uri.rstrip("/"))
-        name = name.removesuffix(".lance")
-        db = lancedb.connect(parent, storage_options=self.options())
-        table = db.open_table(name)
+        # Opened by its location, not by name in its parent directory: a dataset need not
+        # be named ``<valid table name>.lance`` (``lance.write_dataset(t, "data/train")``).
+        parent = os.path.dirname(self.uri.rstrip("/")) or "."
+        options = self.options()
+        db = lancedb.connect(parent, storage_options=options)
+        table = LanceTable.open(db, "table", location=self.uri, storage_options=options)
         if table.version != self.version:
             table.checkout(self.version)
         return table
 
     def check_shippable(self) -> None:
         """Raise unless this reference can be sent to other processes (Ray tasks)."""
+        if isinstance(self.storage_options, ConnectionOptions):
+            self.storage_options.check_shippable()
 
     def row_count(self, filter: str | None) -> int:
         """Rows of the pinned version that match ``filter`` (all rows for None)."""
         return int(self.open_lance().count_rows(filter=filter))
 
+    def schema(self) -> pa.Schema:
+        return self.open_lance().schema
+
     def column_names(self) -> list[str]:
-        return list(self.open_lance().schema.names)
+        return list(self.schema().names)
 
     def take_rows(self, row_ids: np.ndarray, columns: list[str] | None) -> pa.Table:
         """Rows ``row_ids`` at the pinned version, in the given order."""
         return self.open_lance()._take_rows(row_ids.tolist(), columns=columns)
 
 
-@functools.lru_cache(maxsize=8)
 def _open_lance(uri: str, version: int, storage_options: StorageOptionsFactory | None) -> Any:
+    if not hashable(storage_options):  # a factory that cannot key the cache opens each time
+        return _open_lance_uncached(uri, version, storage_options)
+    return _open_lance_cached(uri, version, storage_options)
+
+
+@functools.lru_cache(maxsize=8)
+def _open_lance_cached(uri: str, version: int,
+                       storage_options: StorageOptionsFactory | None) -> Any:
     return _open_lance_uncached(uri, version, storage_options)
 
 
@@ -88,8 +137,9 @@ def _open_lance_uncached(uri: str, version: int,
         )
     except Exception as e:  # lance raises OSError/ValueError/RuntimeError by backend
         raise ValueError(
-            f"cannot open version {version} of the Lance dataset at {uri!r}: {e}. If that "
-            "version was cleaned up, restore it or start a new run from the latest version"
+            f"cannot open version {version} of the Lance dataset at {uri!r}: {e}. Check the "
+            "URI and the storage credentials (storage_options); if that version was cleaned "
+            "up, restore it or start a new run from the latest version"
         ) from e
 
 
@@ -98,6 +148,9 @@ def count_rows(table: TableRef, filter: str | None, num_splits: int) -> int:
     try:
         rows = table.row_count(filter)
     except Exception as e:
+        if filter is None:
+            raise
+        table.row_count(None)  # a storage or connection error is raised as itself
         raise ValueError(
             f"filter {filter!r} is not a valid SQL predicate for this table: {e}"
         ) from e

@@ -44,9 +44,9 @@ class ReferenceOptions:
     that DataLoader worker. The rest are validated and kept only to be reported back:
     ``transform_queue_depth`` (reads in flight, ``prefetch_batches``, already bound how many
     transformed rows wait for the consumer) and ``connection_factory`` (used only to reopen
-    a remote table in other processes, see :mod:`lance_ray.plan.remote`; every reader reopens a
-    local or object-store table from its URI at the pinned version, with credentials from
-    the ``storage_options`` factory).
+    a LanceDB table in other processes: a remote one, see :mod:`lance_ray.plan.remote`, or
+    one whose connection has storage options, see ``plan.table.ConnectionOptions``; other
+    tables are reopened from their URI at the pinned version).
     """
 
     transform_parallelism: int | None = None
