@@ -317,6 +317,36 @@ def test_a_prefetched_batch_never_counts_and_resumes_exactly(table_factory, monk
         assert len(got) == len(want) and all(same(g, w) for g, w in zip(got, want))
 
 
+def test_a_feed_blocked_mid_read_never_takes_another_iterators_progress(table_factory,
+                                                                          monkeypatch):
+    table = table_factory(300, 3)
+    FakeCuda(monkeypatch)
+    whole = lance_ray.StreamingDataset(table, **KW)
+    list(whole.iter_batches(32))
+    ds = lance_ray.StreamingDataset(table, **KW)
+    start = ds.state_dict()
+    entered, gate = threading.Event(), threading.Event()
+    real = ds._mode.batches
+
+    def gated(*args: Any) -> Any:
+        for k, batch in enumerate(real(*args)):
+            if k == 1:  # the feed's producer thread pulls this one, collecting its changes
+                entered.set()
+                gate.wait(30)
+            yield batch
+
+    monkeypatch.setattr(ds._mode, "batches", gated)
+    superseded = ds.iter_batches(32, device="standin")
+    next(superseded)
+    assert entered.wait(30)
+    monkeypatch.setattr(ds._mode, "batches", real)
+    ds.load_state_dict(start)  # a new pass while the old iterator is still mid-read
+    list(ds.iter_batches(32))
+    assert ds.state_dict() == whole.state_dict() and ds.samples_remaining == 0
+    gate.set()
+    superseded.close()
+
+
 def test_packed_batches_take_the_same_path(tmp_path, monkeypatch):
     table, _ = write_token_table(str(tmp_path), 40, 30, 2)
     FakeCuda(monkeypatch)

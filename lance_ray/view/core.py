@@ -10,6 +10,7 @@ that holds its own progress and reads the core's plan.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,7 +67,6 @@ class ViewCore:
     """The state every mode of a :class:`~lance_ray.view.dataset.StreamingDataset` shares,
     and the rules its iterators keep."""
 
-    _held: list[Callable[[], None]] | None = None
     _device_stats: FeedStats | None = None
 
     def _init_view(self, table: TableRef, spec: PlanSpec, plans: PlanSource,
@@ -205,22 +205,30 @@ class ViewCore:
     # ----------------------------------------------------------------------- handover
     # Progress changes go where a batch is handed over: applied at once, or, while
     # ``holding`` is open (a device feed pulling batches ahead of the consumer), collected
-    # for the feed to apply when it hands that batch over.
+    # for the feed to apply when it hands that batch over. The collector belongs to the
+    # thread that pulls (the source makes its changes there): another iterator of this view,
+    # pulling on another thread meanwhile, applies its own changes as before.
     def _on_handover(self, change: Callable[[], None]) -> None:
-        if self._held is None:
+        held = _collectors().get(id(self))
+        if held is None:
             change()
         else:
-            self._held.append(change)
+            held.append(change)
 
     @contextmanager
     def holding(self) -> Iterator[list[Callable[[], None]]]:
-        """Collect the changes made while open, instead of applying them."""
+        """Collect the changes this thread makes while open, instead of applying them."""
+        collectors = _collectors()
         held: list[Callable[[], None]] = []
-        self._held = held
+        outer = collectors.get(id(self))
+        collectors[id(self)] = held
         try:
             yield held
         finally:
-            self._held = None
+            if outer is None:
+                del collectors[id(self)]
+            else:
+                collectors[id(self)] = outer
 
     @property
     def device_stats(self) -> FeedStats:
@@ -331,3 +339,13 @@ class ViewCore:
         """Rows that reached the consumer and are ready to be handed out (0 when idle)."""
         g = self._gauge
         return g.received - g.taken if g.active else 0
+
+
+_thread = threading.local()
+
+
+def _collectors() -> dict[int, list[Callable[[], None]]]:
+    """This thread's open ``holding`` collectors, by view."""
+    if not hasattr(_thread, "collectors"):
+        _thread.collectors = {}
+    return _thread.collectors  # type: ignore[no-any-return]
