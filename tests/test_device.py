@@ -9,6 +9,7 @@ allocator and CUDA copier, and are skipped, with their reason shown, where CUDA 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import random
@@ -378,13 +379,25 @@ def test_pin_memory_without_cuda_warns_like_torch_and_changes_nothing(table_fact
     today = lance_ray.StreamingDataset(table, **KW)
     want = run(today.iter_batches(32), today.state_dict)
     ds = lance_ray.StreamingDataset(table, **KW)
-    with pytest.warns(UserWarning, match="no accelerator is found"):
+    with pytest.warns(UserWarning, match="no accelerator is found") as caught:
         batches = ds.iter_batches(32, pin_memory=True)
     assert_same_run(run(batches, ds.state_dict), want)
     ds = lance_ray.StreamingDataset(table, **KW)
-    with pytest.warns(UserWarning, match="no accelerator is found"):
+    with pytest.warns(UserWarning, match="no accelerator is found") as more:
         loader = lance_ray.StreamingDataLoader(ds, batch_size=32, pin_memory=True)
     assert_same_run(run(loader, ds.state_dict), want)
+    assert [w.filename for w in [*caught, *more]] == [__file__] * 2  # the user's line
+
+
+def test_batches_in_host_memory_never_probe_cuda(table_factory, monkeypatch):
+    def probe() -> bool:
+        raise AssertionError("CUDA probed (torch: the probe can break a later fork)")
+
+    monkeypatch.setattr(placement_module, "_cuda_available", probe)
+    ds = lance_ray.StreamingDataset(table_factory(300, 3), **KW)
+    next(ds.iter_batches(32))
+    next(ds.iter_batches(32, device="cpu", pin_memory=False))
+    next(iter(lance_ray.StreamingDataLoader(ds, batch_size=32)))
 
 
 # ----------------------------------------------------------------------------- errors
@@ -486,3 +499,20 @@ def test_numpy_leaves_pass_through():
     batch = {"a": np.arange(3), "t": torch.arange(3)}
     out = next(one_ahead(iter([batch]), lambda: contextlib.nullcontext([]), stager))
     assert out["a"] is batch["a"] and torch.equal(out["t"], batch["t"])
+
+
+class Encoding(collections.UserDict):
+    """What a HuggingFace tokenizer's collate returns (``BatchEncoding`` is a UserDict)."""
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_mappings_of_any_type_are_staged_and_keep_their_type(name):
+    allocate, copier = backend(name, [0.0])
+    stager = Stager(allocate, copier)
+    batch = Encoding(input_ids=torch.arange(6).reshape(2, 3),
+                     extra=collections.OrderedDict(mask=torch.ones(2, dtype=torch.bool)))
+    out = next(one_ahead(iter([batch]), lambda: contextlib.nullcontext([]), stager))
+    assert type(out) is Encoding and type(out["extra"]) is collections.OrderedDict
+    assert out["input_ids"] is not batch["input_ids"] and stager.pool.stats.allocations == 1
+    assert same(dict(out["extra"]), dict(batch["extra"]))
+    assert torch.equal(out["input_ids"].cpu(), batch["input_ids"])

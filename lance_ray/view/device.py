@@ -20,9 +20,10 @@ with stand-ins.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -71,7 +72,10 @@ class CudaCopier:
         self.stream = torch.cuda.Stream(device)
 
     def start(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        with torch.cuda.stream(self.stream):
+        # A staging thread's current device is 0 whatever the consumer set: without the
+        # device context, leaving the stream context would make device 0 current and so
+        # create a CUDA context there (in every rank of a multi-GPU node).
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             out = torch.empty(host.shape, dtype=host.dtype, device=self.device)
             out.copy_(host, non_blocking=True)
             event = torch.cuda.Event()
@@ -94,14 +98,15 @@ class CudaCopier:
 
 # ----------------------------------------------------------------------------- batch shapes
 def leaves(batch: Any) -> list[torch.Tensor]:
-    """The CPU tensors of a (nested dict/list/tuple) batch, in a fixed traversal order."""
+    """The CPU tensors of a batch (nested mappings, lists and tuples, as torch's
+    ``pin_memory`` walks them), in a fixed traversal order."""
     out: list[torch.Tensor] = []
 
     def visit(x: Any) -> None:
         if isinstance(x, torch.Tensor):
             if x.device.type == "cpu":
                 out.append(x)
-        elif isinstance(x, dict):
+        elif isinstance(x, Mapping):
             for v in x.values():
                 visit(v)
         elif isinstance(x, (list, tuple)):
@@ -114,11 +119,23 @@ def leaves(batch: Any) -> list[torch.Tensor]:
 
 def rebuild(batch: Any, new: Iterator[torch.Tensor]) -> Any:
     """``batch`` with its CPU tensors replaced, in :func:`leaves` order, by ``new``'s;
-    everything else (strings, numbers, tensors already elsewhere) passes through."""
+    everything else (strings, numbers, tensors already elsewhere) passes through. A mapping
+    keeps its type where it can (a copy updated in place, as torch's ``pin_memory`` does:
+    a ``BatchEncoding`` stays one)."""
     if isinstance(batch, torch.Tensor):
         return next(new) if batch.device.type == "cpu" else batch
-    if isinstance(batch, dict):
-        return {k: rebuild(v, new) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        items = {k: rebuild(v, new) for k, v in batch.items()}
+        if type(batch) is dict:
+            return items
+        try:
+            if isinstance(batch, MutableMapping):
+                clone = copy.copy(batch)
+                clone.update(items)
+                return clone
+            return type(batch)(items)  # type: ignore[call-arg]
+        except TypeError:  # a mapping that cannot be copied or built from a dict
+            return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(rebuild(v, new) for v in batch))
     if isinstance(batch, (list, tuple)):

@@ -70,26 +70,30 @@ def _indexed(dev: torch.device, what: str) -> torch.device:
     return torch.device("cuda", index)
 
 
+# The user's call, for a warning: placement <- iter_batches or the loader's __init__ <- the
+# wrapper that accepts numpy scalars (checks.numpy_scalars_accepted) <- the user.
+USER_FRAME = 4
+
+
 def placement(device: Any = None, pin_memory: bool | None = None, *,
               cuda: bool | None = None) -> Placement | None:
     """Where ``iter_batches(device=, pin_memory=)`` puts batches; None: in host memory, as
     without the arguments. ``cuda`` overrides CUDA's availability (tests)."""
     _bool_or_none("pin_memory", pin_memory)
-    cuda = _cuda_available() if cuda is None else cuda
     dev = None if device is None else _parse(device, "device")
     is_cpu = dev is not None and dev.type == "cpu"
     if dev is None or is_cpu:
         if not pin_memory:
-            return None
+            return None  # CUDA is not even probed: the probe can break a later fork
         if is_cpu:
             raise ValueError("pin_memory=True pins host memory for copies to a CUDA device, "
                              "but device='cpu' keeps batches in host memory: pass "
                              "device='cuda' (batches arrive on the GPU) or drop pin_memory")
-        if not cuda:
-            warnings.warn(NO_ACCELERATOR, stacklevel=3)
+        if not (_cuda_available() if cuda is None else cuda):
+            warnings.warn(NO_ACCELERATOR, stacklevel=USER_FRAME)
             return None
         return Placement(None, True)
-    if not cuda:
+    if not (_cuda_available() if cuda is None else cuda):
         raise RuntimeError(f"device={device!r} but CUDA is not available (torch "
                            f"{torch.__version__}, torch.cuda.is_available() is False): pass "
                            "device=None or 'cpu' to keep batches in host memory, or run on a "
@@ -109,6 +113,8 @@ def loader_placement(pin_memory: bool, pin_memory_device: str, *,
     if pin_memory_device and not pin_memory:
         raise ValueError(f"pin_memory_device={pin_memory_device!r} has no effect without "
                          "pin_memory=True: pass pin_memory=True, or drop pin_memory_device")
+    if not pin_memory:
+        return None  # CUDA is not even probed: the probe can break a later fork
     cuda = _cuda_available() if cuda is None else cuda
     if pin_memory_device:
         dev = _parse(pin_memory_device, "pin_memory_device")
@@ -117,10 +123,8 @@ def loader_placement(pin_memory: bool, pin_memory_device: str, *,
                              "copies to a CUDA device; pass '' (the current one) or 'cuda:N'")
         if cuda:
             _indexed(dev, "pin_memory_device")
-    if not pin_memory:
-        return None
     if not cuda:
-        warnings.warn(NO_ACCELERATOR, stacklevel=3)
+        warnings.warn(NO_ACCELERATOR, stacklevel=USER_FRAME)
         return None
     return Placement(None, True)
 
