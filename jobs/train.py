@@ -189,11 +189,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run_dir = storage.join(storage_uri, args.name)
 
     num_workers = args.workers if args.min_workers is None else (args.min_workers, args.workers)
-    lt.check_world_sizes(num_workers, args.num_splits)
-    sizes = range(args.min_workers or args.workers, args.workers + 1)
-    if any(args.global_batch % w for w in sizes):
-        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by every "
-                         f"world size in {list(sizes)}")
+    try:
+        lt.check_world_sizes(num_workers, args.num_splits, args.global_batch)
+    except ValueError as e:
+        raise SystemExit(f"--workers/--num-splits/--global-batch: {e}") from None
     connect(args.address)
     table = lancedb.connect(db_uri).open_table(args.table)
     run = {"db": db_uri, "table": args.table,

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return demo(args)
     db_uri, storage_uri = storage.absolute(args.db), storage.absolute(args.storage_path)
     run_dir = storage.join(storage_uri, args.name)
-    lt.check_world_sizes(args.workers, args.num_splits)
+    lt.check_world_sizes(args.workers, args.num_splits, args.global_batch)
     train_job.connect(args.address)
     # Train workers cannot import jobs/ as modules: ship them by value, as `ray job
     # submit` ships a __main__ script.

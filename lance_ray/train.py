@@ -54,11 +54,19 @@ MODEL_FILE = "model.pt"
 _STATE_RE = re.compile(r"lance_ray_state_rank(\d+)\.json$")
 
 
-def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int) -> None:
-    """Refuse, before training starts, world sizes that cannot read ``num_splits`` splits.
+def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int,
+                      global_batch: int | None = None) -> None:
+    """Refuse, before training starts, world sizes that cannot read ``num_splits`` splits,
+    and a ``global_batch`` (samples per global step, all ranks together) that a resize
+    could not keep in lockstep.
 
     ``num_workers`` is a ``ScalingConfig.num_workers``: an int, or ``(min, max)`` for
     elastic training, where every size in the range must divide ``num_splits``.
+    ``global_batch`` must be a multiple of ``num_splits``: a rank reads its splits in turn,
+    so only then does every step take as many samples from each split, and a checkpoint
+    leaves every split equally consumed. Otherwise, after a resize, ranks can have different
+    numbers of batches left (DDP then waits for the ranks that finished) and the global
+    steps differ from an uninterrupted run's.
     """
     lo, hi = (num_workers, num_workers) if isinstance(num_workers, int) else num_workers
     bad = [w for w in range(max(lo, 1), hi + 1) if num_splits % w]
@@ -67,6 +75,16 @@ def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int) -> No
             f"world sizes {bad} in num_workers={num_workers!r} do not divide num_splits "
             f"({num_splits}); valid world sizes are {valid_world_sizes(num_splits)}: narrow "
             "the range or choose a more composite num_splits (e.g. 48 or 60)"
+        )
+    if global_batch is not None and global_batch % num_splits:
+        fits = [d for d in range(max(hi, 1), global_batch + 1)
+                if global_batch % d == 0 and all(d % w == 0 for w in range(max(lo, 1), hi + 1))]
+        raise ValueError(
+            f"global_batch ({global_batch}) is not a multiple of num_splits ({num_splits}): "
+            "each step would take more samples from some splits than from others, so after "
+            "a resize the ranks could have different numbers of batches left and DDP would "
+            f"wait on the ranks that finished. Use a num_splits that divides global_batch "
+            f"and that every world size divides (here: {fits[:6]}), or change global_batch"
         )
 
 
@@ -155,6 +173,8 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
     coord.load_state_dict(state)  # idempotent: every rank restores the same state
     ds = coord.view(rank, world_size, **view_kwargs)
     ds.load_state_dict(state)
+    if isinstance(ds, StreamingDataset):  # a mixture's ranks step in lockstep by design
+        _check_samples_left(ds, rank)
     return ds
 
 
@@ -188,6 +208,23 @@ def _check_ranks_agree(state: dict[str, Any], rank: int) -> None:
             f"rank {rank} restores a different data state (global step "
             f"{_global_step(state)}) than rank 0 does; the ranks of one group "
             "must resume from one checkpoint. Refusing to train: its steps would not line up")
+
+
+def _check_samples_left(ds: StreamingDataset, rank: int) -> None:
+    """Refuse to start ranks that have different numbers of samples left: they would run
+    different numbers of steps, and the ranks that finish first would leave the others
+    waiting in a DDP collective until it times out."""
+    from ray.train.collective import broadcast_from_rank_zero
+
+    mine = ds.samples_remaining
+    ours = broadcast_from_rank_zero(mine if rank == 0 else None)
+    if mine != ours:
+        raise RuntimeError(
+            f"rank {rank} has {mine} samples left after restoring and rank 0 has {ours}: the "
+            "ranks would run different numbers of steps. The checkpoint left its splits "
+            "unequally consumed, which a global batch that is not a multiple of num_splits "
+            "does (lance_ray.train.check_world_sizes(num_workers, num_splits, global_batch) "
+            "refuses it before training); resume on the world size it was saved with")
 
 
 def _global_step(state: dict[str, Any]) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import ray.cloudpickle
 
+import lance_ray
 from jobs import train as train_job
 from jobs import verify as verify_job
 from lance_ray.proof.audit import read_attempts
@@ -96,6 +97,47 @@ def _resume_at_own_rank(config: dict) -> None:
 
     rank = ray.train.get_context().get_world_rank()
     lt._check_ranks_agree({"lance_ray": {"global_step": 4 * rank}}, rank)
+
+
+def test_a_global_batch_that_is_not_a_multiple_of_num_splits_is_refused():
+    check_world_sizes((2, 4), 12, global_batch=48)
+    with pytest.raises(ValueError,
+                       match=r"not a multiple of num_splits \(48\).*\[4, 8, 16, 32, 64\]"):
+        check_world_sizes(4, 48, global_batch=64)
+
+
+def _resume_uneven(config: dict) -> None:
+    import ray.train
+
+    import lance_ray.train as lt
+
+    rank = ray.train.get_context().get_world_rank()
+    ds = lance_ray.StreamingDataset(config["table"], num_splits=8, rank=rank, world_size=2,
+                                    reader="local")
+    ds.load_state_dict(config["state"])
+    lt._check_samples_left(ds, rank)
+
+
+def test_ranks_left_with_different_numbers_of_samples_fail_the_start_not_hang(
+        ray_session, table_1k, tmp_path):
+    """A one-rank checkpoint taken after a batch of 3 over 8 splits leaves the splits
+    unequally consumed: on two ranks, one would run a step more than the other, and DDP
+    would wait for it until gloo times out."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    one = lance_ray.StreamingDataset(table_1k, num_splits=8, reader="local")
+    next(one.iter_batches(3))
+    trainer = TorchTrainer(
+        _resume_uneven, train_loop_config={"table": table_1k.to_lance().uri,
+                                           "state": one.state_dict()},
+        scaling_config=ray.train.ScalingConfig(num_workers=2,
+                                               resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(name="uneven", storage_path=str(tmp_path),
+                                       failure_config=ray.train.FailureConfig(max_failures=0)))
+    with pytest.raises(Exception, match=r"rank 1 has \d+ samples left after restoring and "
+                                        r"rank 0 has \d+"):
+        trainer.fit()
 
 
 def test_ranks_that_would_resume_from_different_states_fail_the_start_not_hang(
