@@ -178,6 +178,45 @@ def test_coordinators_with_different_names_never_see_each_others_progress(coord_
     assert sum(b.state_dict()["samples_consumed_per_split"]) == 0
 
 
+def test_create_attaches_to_its_own_live_run_and_refuses_another_runs(coord_factory,
+                                                                       table_factory,
+                                                                       tmp_path):
+    coord = coord_factory("shared-name")
+    again = Coordinator.create(table_1k_of(coord),
+                               "shared-name", storage_path=str(tmp_path / "elsewhere"),
+                               world_size=4, num_splits=NUM_SPLITS)
+    assert not again.created and ray.get(again.handle.describe.remote()) == ray.get(
+        coord.handle.describe.remote())
+    other = table_factory(96)
+    with pytest.raises(ValueError, match="a live coordinator named 'shared-name' runs another "
+                                         "run .*uri"):
+        Coordinator.create(other, "shared-name", storage_path=str(tmp_path / "b"),
+                           world_size=2, num_splits=NUM_SPLITS)
+    with pytest.raises(ValueError, match="spec"):
+        Coordinator.create(table_1k_of(coord), "shared-name", storage_path=str(tmp_path / "b"),
+                           world_size=2, num_splits=4)
+    assert "lance_ray-shared-name" not in other.to_lance().tags.list()  # no tag left on it
+    assert coord.status()["num_splits"] == NUM_SPLITS  # the live run goes on unchanged
+
+
+def test_a_failed_create_leaves_no_version_tag(ray_session, table_factory, tmp_path):
+    store = str(tmp_path / "store")
+    first = Coordinator.create(table_factory(64), "ledger-owner", storage_path=store,
+                               world_size=1, num_splits=4)
+    first.kill()  # its ledger stays under store/ledger-owner
+    other = table_factory(96)
+    with pytest.raises(Exception, match="different table or plan"):
+        Coordinator.create(other, "ledger-owner", storage_path=store, world_size=1,
+                           num_splits=4)
+    assert "lance_ray-ledger-owner" not in other.to_lance().tags.list()
+
+
+def table_1k_of(coord: Coordinator):
+    """The table ``coord`` reads, as a URI at its version."""
+    table, _ = ray.get(coord.handle.describe.remote())
+    return table.uri
+
+
 def test_epochs_advance_for_all_views_without_recreating_the_coordinator(coord_factory, table_1k):
     coord = coord_factory("epochs")
     views = [coord.view(r, 2, reader="local") for r in range(2)]

@@ -196,6 +196,18 @@ def test_steps_sealed_before_a_restore_are_not_handed_out_after_it(make, tables)
     assert coord.state_dict(step=3) == early
 
 
+def test_a_failed_create_of_a_live_mixtures_name_leaves_that_run_running(make, tables,
+                                                                         table_factory):
+    live = make("busy-mix", 2)
+    tiny = table_factory(2)  # another third source, and too small: this create fails
+    with pytest.raises(ValueError, match="larger than the number of rows"):
+        make("busy-mix", 2, of=[*tables[:2], tiny])
+    for source in live.sources:
+        assert ray.get(source.handle.describe.remote())  # still alive
+    ds = live.view(0, 2, columns=["id"], reader="local")
+    assert len(next(ds.iter_batches(4))["id"]) == 4
+
+
 def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, tables,
                                                                    tmp_path):
     sources = [Source(t) for t in tables]

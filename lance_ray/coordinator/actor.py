@@ -58,6 +58,26 @@ def _sealed_from_json(d: dict | None) -> lg.Sealed | None:
     return lg.Sealed(d["epoch"], d["step"], d["world_size"], *columns)
 
 
+def ledger_path(storage_path: str, name: str) -> str:
+    """Where coordinator ``name`` keeps its ledger under ``storage_path``."""
+    return storage.join(storage.join(storage_path, name), "coordinator.json")
+
+
+def run_config(table: TableRef, spec: PlanSpec, packing: PackOptions | None) -> dict[str, Any]:
+    """What a run's ledger must have been written for: the table, the plan (any epoch) and
+    the packing."""
+    return {"uri": table.uri, "spec": {**spec.config(), "epoch": 0},
+            **({} if packing is None else {"packing": asdict(packing)})}
+
+
+def run_identity(table: TableRef, spec: PlanSpec, packing: PackOptions | None
+                 ) -> dict[str, Any]:
+    """:func:`run_config` and the pinned version: a live coordinator serves a ``create``
+    only if both match (its storage path may differ: a job's relative paths move with the
+    copy of its working directory)."""
+    return {**run_config(table, spec, packing), "table_version": table.version}
+
+
 class CoordinatorActor:
     """The actor body. Use :class:`Coordinator` to create or find one."""
 
@@ -76,7 +96,7 @@ class CoordinatorActor:
         self._built: tuple[lg.Sealed, dict[str, Any]] | None = None  # the last packed state
         # I/O: one JSON object under a path or URI, with the table's storage options.
         self._dir = storage.join(storage_path, name)
-        self._path = storage.join(self._dir, "coordinator.json")
+        self._path = ledger_path(storage_path, name)
         self._io: dict[str, Any] = {"storage_options": table.storage_options,
                                     "retry": storage_retry}
         self._lock = threading.RLock()
@@ -100,8 +120,13 @@ class CoordinatorActor:
     # ----------------------------------------------------------------- durability
 
     def _config(self) -> dict[str, Any]:
-        return {"uri": self._table.uri, "spec": {**self._spec.config(), "epoch": 0},
-                **({} if self._packed is None else {"packing": asdict(self._packed.options)})}
+        return run_config(self._table, self._spec,
+                          None if self._packed is None else self._packed.options)
+
+    def identity(self) -> dict[str, Any]:
+        """What ``Coordinator.create`` must ask for to attach to this live actor."""
+        return run_identity(self._table, self._spec,
+                            None if self._packed is None else self._packed.options)
 
     def _recover(self) -> lg.Ledger | None:
         if not storage.exists(self._path, **self._io):

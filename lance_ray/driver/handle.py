@@ -12,7 +12,7 @@ import ray
 
 from .. import storage
 from ..checks import numpy_scalars_accepted
-from ..coordinator.actor import CoordinatorActor
+from ..coordinator.actor import CoordinatorActor, run_identity
 from ..coordinator.client import DEFAULT_NAMESPACE, find_coordinator
 from ..plan.pack_args import pack_options
 from ..plan.remote import is_remote_table
@@ -33,6 +33,8 @@ _ACTOR_OPTIONS = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1,
 
 class Coordinator:
     """Driver-side handle of a coordinator actor."""
+
+    created = False  # whether ``create`` made the actor (False: it found it alive)
 
     def __init__(self, handle: Any, name: str, namespace: str,
                  sources: list[Coordinator] | None = None):
@@ -155,16 +157,30 @@ class Coordinator:
         if packing is None and columns is not None:
             raise ValueError("Coordinator.create takes columns only with pack_sequences (the "
                              "token column); pass columns to each view instead")
-        if lease_version:
-            take_lease(ref, name)
+        path = storage.absolute(storage_path)
+        asked = run_identity(ref, spec, packing)
+        live = _live_actor(name, namespace)
+        if live is not None:  # a restarted driver attaches to its run's live coordinator
+            _check_same_run(name, ray.get(live.identity.remote()), asked)
+            return cls(live, name, namespace)
+        leased = lease_version and take_lease(ref, name)
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
-        handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
-            name, ref, asdict(spec), rows, world_size, storage.absolute(storage_path),
-            storage_retry, asdict(report_policy or ReportPolicy()),
-            None if packing is None else asdict(packing))
-        ray.get(handle.describe.remote())  # surface construction errors here
-        return cls(handle, name, namespace)
+        try:
+            handle: Any = ray.remote(CoordinatorActor).options(**options).remote(
+                name, ref, asdict(spec), rows, world_size, path, storage_retry,
+                asdict(report_policy or ReportPolicy()),
+                None if packing is None else asdict(packing))
+            # Surfaces construction errors here; another driver may have made it meanwhile.
+            _check_same_run(name, ray.get(handle.identity.remote()), asked)
+        except BaseException:
+            if leased:  # a failed create leaves no tag that would refuse the next one
+                with contextlib.suppress(Exception):
+                    release_lease(ref, name)
+            raise
+        coordinator = cls(handle, name, namespace)
+        coordinator.created = True
+        return coordinator
 
     @classmethod
     def get(cls, name: str, namespace: str = DEFAULT_NAMESPACE) -> Coordinator:
@@ -227,3 +243,24 @@ class Coordinator:
         ray.kill(self.handle, no_restart=True)
         for source in sources or []:  # a mixture's: after the mixture's own write
             source.kill()
+
+
+def _live_actor(name: str, namespace: str) -> Any | None:
+    """The live actor ``name`` in ``namespace``, if there is one."""
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+def _check_same_run(name: str, live: dict[str, Any], asked: dict[str, Any]) -> None:
+    """Refuse to attach ``create`` to a live coordinator of another run."""
+    differ = {k: (live.get(k), asked.get(k)) for k in asked.keys() | live.keys()
+              if live.get(k) != asked.get(k)}
+    if differ:
+        shown = "; ".join(f"{k}: live {a!r}, asked {b!r}" for k, (a, b) in sorted(differ.items()))
+        resume = (f"; to resume it, pass table_version={live['table_version']}"
+                  if set(differ) == {"table_version"} else "")
+        raise ValueError(
+            f"a live coordinator named {name!r} runs another run ({shown[:600]}): use another "
+            f"name, or end that run first (Coordinator.get(name).kill()){resume}")

@@ -81,9 +81,10 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
             storage_options, storage_retry, asdict(policy))
         live = ray.get(handle.describe.remote())  # surface construction errors here
     except BaseException:
-        for c in made:  # a half-made run leaves no actors behind (their files stay)
-            with contextlib.suppress(Exception):
-                ray.kill(c.handle, no_restart=True)
+        for c in made:  # a half-made run leaves no actors of its own behind (files stay)
+            if c.created:  # never one it found alive: that may be a live run's
+                with contextlib.suppress(Exception):
+                    ray.kill(c.handle, no_restart=True)
         raise
     if live != run:
         raise ValueError(f"a live coordinator named {name!r} runs another mixture "

@@ -184,8 +184,9 @@ def lease_tag(run: str) -> str:
     return f"lance_ray-{safe}"
 
 
-def take_lease(table: TableRef, run: str) -> str:
-    """Tag ``table.version`` for ``run`` so cleanup cannot remove it while the run needs it.
+def take_lease(table: TableRef, run: str) -> bool:
+    """Tag ``table.version`` for ``run`` so cleanup cannot remove it while the run needs it;
+    whether this call made the tag (False: the run held it already).
 
     Raises if the run's tag already pins another version: a run never silently moves to a
     new version of its table.
@@ -196,13 +197,14 @@ def take_lease(table: TableRef, run: str) -> str:
     if held is None:
         tags.create(tag, table.version)
         logger.info("pinned version %d of %s with tag %r", table.version, table.uri, tag)
-    elif held["version"] != table.version:
+        return True
+    if held["version"] != table.version:
         raise ValueError(
             f"run {run!r} holds version {held['version']} of {table.uri} (tag {tag!r}), not "
             f"version {table.version}: resume with table_version={held['version']}, or "
             f"release the lease (Coordinator.release_version) to start over"
         )
-    return tag
+    return False
 
 
 def release_lease(table: TableRef, run: str) -> None:
