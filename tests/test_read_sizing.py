@@ -188,3 +188,23 @@ def test_a_slow_consumer_holds_the_ray_pipeline_within_its_run_ahead_bound(
     # Ray frees objects lazily, so the samples carry some tens of MiB beyond the bound.
     assert bounded <= 100
     assert unbounded >= bounded + 50
+
+
+def test_blocks_far_wider_than_their_estimate_keep_the_planned_order(ray_session, tmp_path,
+                                                                     monkeypatch):
+    """Values that compress well make the width estimate (bytes on disk) far too small: a
+    read the estimate put under Ray Data's block size comes out above it, Ray Data slices
+    it, and a slice of rows in Lance's order would scatter the positions."""
+    import pyarrow as pa
+    from ray.data import DataContext
+
+    monkeypatch.setattr(DataContext.get_current(), "target_max_block_size", 256 * 1024)
+    n = 2000
+    table = lancedb.connect(tmp_path).create_table("t", pa.table({
+        "id": np.arange(n), "s": pa.array([("ab"[i % 2]) * 2000 for i in range(n)])}))
+    kw: dict[str, Any] = {"num_splits": 2, "shuffle_seed": 7, "columns": ["id", "s"]}
+    ray_ds = lance_ray.StreamingDataset(table, reader="ray", **kw)
+    assert ray_ds._reads.sizing.row_bytes < 200  # the estimate, against 2 KB in memory
+    want = [b["id"].tolist() for b in lance_ray.StreamingDataset(
+        table, reader="local", **kw).iter_batches(100)]
+    assert [b["id"].tolist() for b in ray_ds.iter_batches(100)] == want

@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import sys
 import time
 import weakref
 from collections.abc import Iterator
@@ -106,7 +107,7 @@ class RayDataReader:
         import ray.data
 
         source = datasource_cls()(self.table, self.columns, requests, self.sizing,
-                                   self.documents, self._sorted_rows(requests))
+                                   self.documents, self._sorted_rows())
         ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                       **self.ray_remote_args)
         if self.transform is not None:
@@ -125,20 +126,19 @@ class RayDataReader:
             bound_pipeline(ds.context, self._bound)
         return ds
 
-    def _sorted_rows(self, requests: list[ChunkRequest]) -> bool:
-        """Whether read tasks may ship rows in Lance's order: only when the consumer converts
-        them to tensors (the reorder then costs nothing: the conversion's one copy gathers),
-        for plain reads (a transform sees its rows in plan order), and when every block is
-        small enough that Ray Data never slices it (a slice would scatter the positions)."""
+    def _sorted_rows(self) -> int | None:
+        """The most bytes of a block that a read task may ship in Lance's order (None: none
+        may): only when the consumer converts rows to tensors (the reorder then costs
+        nothing: the conversion's one copy gathers), for plain reads (a transform sees its
+        rows in plan order), and only blocks small enough that Ray Data never slices them (a
+        slice would scatter the positions). The task checks its block's real size: an
+        estimate from the bytes on disk can be far off for values that compress well."""
         if not self.as_tensors or self.transform is not None or self.documents is not None:
-            return False
-        sizing = self.sizing
-        if sizing is None or sizing.row_bytes is None:
-            return False
+            return None
         from ray.data import DataContext
 
         most = DataContext.get_current().target_max_block_size
-        return most is None or all(sizing.nbytes(len(r.row_ids)) <= most for r in requests)
+        return sys.maxsize if most is None else int(most)
 
     def _run_ahead(self, requests: list[ChunkRequest]) -> RunAhead | None:
         """The pipeline's bound (``run_ahead``), by ``scale``'s one rule: a transformed

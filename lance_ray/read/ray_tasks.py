@@ -26,6 +26,7 @@ SEQ_COLUMN = "__lance_ray_seq"
 # A read's cost rides on its first row (zeros elsewhere), so any cut of a block sums right.
 COST_COLUMNS = ("__lance_ray_bytes", "__lance_ray_fetch_s", "__lance_ray_transform_s")
 INTERNAL_COLUMNS = (SEQ_COLUMN, *COST_COLUMNS)
+INTERNAL_BYTES = 8 * len(INTERNAL_COLUMNS)  # per row: one int64 and three float64
 
 
 def datasource_cls() -> type:
@@ -37,7 +38,7 @@ def datasource_cls() -> type:
 
         def __init__(self, table: TableRef, columns: list[str] | None, chunks: list[ChunkRequest],
                      sizing: ReadSizing | None = None, documents: DocumentReads | None = None,
-                     sorted_rows: bool = False):
+                     sorted_rows: int | None = None):
             self._table, self._columns, self._chunks = table, columns, chunks
             self._sizing, self._documents = sizing, documents
             self._sorted_rows = sorted_rows
@@ -70,22 +71,29 @@ def datasource_cls() -> type:
 
 
 def read_block(table: TableRef, columns: list[str] | None, documents: DocumentReads | None,
-                chunk: ChunkRequest, sorted_rows: bool = False,
+                chunk: ChunkRequest, sorted_rows: int | None = None,
                 row_bytes: int | None = None) -> Iterator[pa.Table]:
     """A read task's body: the rows of ``chunk`` as one block, each with its stream position,
     and the read's cost. The rows are in plan order (arranged by split for packed reads),
-    or with ``sorted_rows`` in the order Lance read them: the consumer then puts them in
-    plan order by their positions, in the one copy its conversion makes anyway.
-    ``row_bytes``, the rows' estimated width, lets a large read be taken in pieces."""
+    or, when the block holds at most ``sorted_rows`` bytes, in the order Lance read them:
+    the consumer then puts them in plan order by their positions, in the one copy its
+    conversion makes anyway. (Ray Data cuts a larger block into slices, and a slice of rows
+    in Lance's order would hold scattered positions: such a block is put in plan order here,
+    whatever the estimate of its size said.) ``row_bytes``, the rows' estimated width, lets
+    a large read be taken in pieces."""
     keep_freed_buffers()
     started = time.perf_counter()
     seq = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in chunk.spans])
     if documents is not None:
         got, inverse = take_sorted(table, chunk.row_ids, columns, row_bytes)
         rows = pa.Table.from_batches([documents.arrange(got, inverse, chunk)])
-    elif sorted_rows:
+    elif sorted_rows is not None:
         rows, inverse = take_sorted(table, chunk.row_ids, columns, row_bytes)
-        if inverse is not None:  # sorted row j is plan row argsort(inverse)[j]
+        if inverse is None:
+            pass
+        elif rows.nbytes + INTERNAL_BYTES * rows.num_rows > sorted_rows:
+            rows = rows.take(pa.array(inverse))  # plan row i is sorted row inverse[i]
+        else:  # sorted row j is plan row argsort(inverse)[j]
             seq = seq[np.argsort(inverse)]
     else:
         rows = take_in_order(table, chunk.row_ids, columns, row_bytes)
