@@ -192,3 +192,8 @@ def test_arrow_leaves_are_zero_copy_and_decoded_arrays_writable():
     batch = back.collated()
     assert batch.shape == (6, 4, 4, 3) and batch.dtype == torch.uint8
     assert isinstance(table.schema.field(0).type, pa.FixedSizeListType)
+
+
+def test_the_bytes_of_string_and_bytes_leaves_count():
+    columns = columnar([{"id": i, "blob": bytes(1000), "text": "é" * 10} for i in range(4)])
+    assert columns.nbytes == 4 * 8 + 4 * (1000 + 8) + 4 * (20 + 8)

@@ -208,3 +208,31 @@ def test_blocks_far_wider_than_their_estimate_keep_the_planned_order(ray_session
     want = [b["id"].tolist() for b in lance_ray.StreamingDataset(
         table, reader="local", **kw).iter_batches(100)]
     assert [b["id"].tolist() for b in ray_ds.iter_batches(100)] == want
+
+
+class Blobs:
+    """A transform whose items carry 16 KB of bytes each (an encoded image, say)."""
+
+    def __call__(self, batch: Any) -> list[dict[str, Any]]:
+        return [{"id": i, "blob": bytes(16384)} for i in batch.column("id").to_pylist()]
+
+
+def test_tasks_are_sized_by_the_bytes_their_items_carry(ray_session, table_factory,
+                                                        monkeypatch):
+    """Bytes leaves count in a task's output: tasks stay within the memory they may use
+    (a bytes item counted as nothing made each task's output the size of a whole share)."""
+    from lance_ray.read import ray_data
+
+    blocks: list[int] = []
+    chunk = ray_data.RayDataReader._chunk
+
+    def measured(self: Any, block: Any) -> Any:
+        blocks.append(block.nbytes)
+        return chunk(self, block)
+
+    monkeypatch.setattr(ray_data.RayDataReader, "_chunk", measured)
+    ds = lance_ray.StreamingDataset(table_factory(1500, 3), reader="ray", transform=Blobs(),
+                                    num_splits=2, prefetch_bytes=2 << 20)
+    got = [i["id"] for b in ds.iter_batches(100, collate_fn=lambda rows: rows) for i in b]
+    assert sorted(got) == list(range(1500))
+    assert max(blocks) <= 2 << 20, blocks

@@ -131,7 +131,11 @@ class ItemColumns:
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.columns if isinstance(c, np.ndarray))
+        """The bytes of the columns as Arrow holds them: an array's buffer; a string or
+        bytes value's data and its 8-byte offset (encoded images, captions)."""
+        return sum(c.nbytes if isinstance(c, np.ndarray)
+                   else sum(len(v.encode() if isinstance(v, str) else v) + 8 for v in c)
+                   for c in self.columns)
 
     def collated(self) -> Any:
         """What ``default_collate(self.items())`` returns, built from the columns."""

@@ -43,7 +43,14 @@ from .documents import DocumentReads
 from .items import ItemColumns, from_arrow
 from .local import LocalReader
 from .malloc import keep_freed_buffers
-from .ray_tasks import COST_COLUMNS, INTERNAL_COLUMNS, SEQ_COLUMN, TransformStage, datasource_cls
+from .ray_tasks import (
+    COST_COLUMNS,
+    INTERNAL_BYTES,
+    INTERNAL_COLUMNS,
+    SEQ_COLUMN,
+    TransformStage,
+    datasource_cls,
+)
 from .requests import (
     NO_COST,
     ChunkRequest,
@@ -242,7 +249,8 @@ class RayDataReader:
             # The transform's cost alone: a take's fixed cost is paid once per task.
             seconds_per_row = cost.transform_s / rows
             out = [r.payload.nbytes for r in first if isinstance(r.payload, ItemColumns)]
-            out_per_row = sum(out) // rows if len(out) == len(first) else None
+            # A task's block also carries each row's position and cost (INTERNAL_BYTES).
+            out_per_row = sum(out) // rows + INTERNAL_BYTES if len(out) == len(first) else None
             per_row = (cost.fetch_s + cost.transform_s) / rows
             most = min(int(LOCAL_HEAD_SECONDS / max(per_row, 1e-9)),
                        LOCAL_HEAD_BYTES // max(sizing.row_bytes, out_per_row or 0, 1),
