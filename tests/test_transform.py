@@ -95,3 +95,39 @@ def test_view_stats_count_rows_bytes_and_batches_exactly(table_1k):
     assert ds.stats.rows == 1000 and ds.stats.batches == len(batches) == 10
     assert ds.stats.bytes == 1000 * 8  # int64 ids
     assert ds.stats.rows_per_s > 0 and ds.stats.wait_s >= 0
+
+
+class FailsOn:
+    """A transform that fails on the batch holding ``bad`` (module level: Ray ships it)."""
+
+    def __init__(self, bad: int):
+        self.bad = bad
+
+    def __call__(self, batch: pa.RecordBatch) -> list[int]:
+        ids = batch.column("id").to_pylist()
+        if self.bad in ids:
+            raise ValueError("bad row")
+        return ids
+
+
+def test_an_error_the_caller_keeps_keeps_no_reads_running(ray_session, table_1k):
+    """A caller that keeps the exception (``except ... as e``, a notebook's last error)
+    keeps the traceback's frames: the reads they drew from are closed all the same."""
+    import threading
+    import time
+
+    order = list(lance_ray.StreamingDataset(table_1k, num_splits=8, reader="local"))
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=8, transform=FailsOn(order[-50]["id"]),
+                                    on_transform_error="raise", read_batch_size=50)
+    kept = None
+    try:
+        for _ in ds.iter_batches(10, collate_fn=list):
+            pass
+    except ValueError as e:
+        kept = e
+    assert kept is not None and "bad row" in str(kept)
+    deadline = time.monotonic() + 10
+    while (readers := [t.name for t in threading.enumerate()
+                       if t.name.startswith("lance_ray_read")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert readers == []

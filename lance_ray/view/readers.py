@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from torch.utils.data import get_worker_info
 
@@ -43,6 +43,7 @@ from .options import READERS
 from .stats import Gauge
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 _told: list[bool] = []  # "auto" chose the local reader: said once per process
 
 
@@ -175,7 +176,7 @@ class Reads:
                                 self.sizing)
         in_worker = get_worker_info() is not None or num_workers > 1
         chunks = self.chunks(stream, requests, in_worker, as_tensors)
-        return assemble((self.resolved(stream, c) for c in chunks), wanted)
+        return closing(assemble((self.resolved(stream, c) for c in chunks), wanted), chunks)
 
     def read_rows(self, plan: SplitPlan, rows: RankStream, worker: int = 0,
                   num_workers: int = 1, *, documents: DocumentReads | None = None
@@ -187,3 +188,16 @@ class Reads:
         mine = itertools.islice(requests, worker, None, num_workers)
         in_worker = get_worker_info() is not None or num_workers > 1
         return self.chunks(rows, mine, in_worker, as_tensors=False, documents=documents)
+
+
+def closing(outer: Iterator[T], inner: Iterator[Any]) -> Iterator[T]:
+    """``outer``'s items; ``inner`` (the reads ``outer`` draws from) is closed when
+    ``outer`` ends, fails or is closed. An error's traceback keeps the frames of the
+    generators it passed through, and with them the reads: without this, a caller that
+    keeps the exception would keep a Ray pipeline and its blocks alive."""
+    try:
+        yield from outer
+    finally:
+        close = getattr(inner, "close", None)
+        if close is not None:
+            close()
