@@ -149,8 +149,12 @@ def test_ray_reads_ship_lances_order_and_the_consumer_gathers_plan_order(tmp_pat
     # The task's block: rows in ascending address order, each with its plan position.
     ref = ds._table  # the pinned TableRef the read tasks get
     plan_ids = np.array([7, 250, 3, 120, 9], dtype=np.uint64)
-    block = next(ray_tasks.read_block(ref, ["id"], None,
-                                      ChunkRequest(((10, 15),), plan_ids), True))
+    request = ChunkRequest(((10, 15),), plan_ids)
+    block = next(ray_tasks.read_block(ref, ["id"], None, request, 1 << 20))
     seq = block.column(ray_tasks.SEQ_COLUMN).to_numpy()
     assert block.column("id").to_pylist() == [3, 7, 9, 120, 250]
     assert seq.tolist() == [12, 10, 14, 13, 11]
+    # A block over the size Ray Data may slice comes in plan order (slices stay in order).
+    block = next(ray_tasks.read_block(ref, ["id"], None, request, 16))
+    assert block.column("id").to_pylist() == [7, 250, 3, 120, 9]
+    assert block.column(ray_tasks.SEQ_COLUMN).to_pylist() == [10, 11, 12, 13, 14]

@@ -113,7 +113,8 @@ def plain_tasks(ref: Any, ids: np.ndarray, in_flight: int, rows: int = 1024) -> 
 
     @ray.remote
     def task(chunk: ChunkRequest, put: bool) -> Any:
-        block = next(read_block(ref, None, None, chunk, True, width))
+        # Rows in Lance's order, as the reader ships blocks that fit Ray Data's block size.
+        block = next(read_block(ref, None, None, chunk, 1 << 62, width))
         return block if put else block.num_rows
 
     chunks = [ChunkRequest(((lo, lo + len(part)),), part)
