@@ -44,7 +44,11 @@ def verify_run(run_dir: str | Path) -> tuple[CoverageReport, list[str]]:
     attempts = [f"attempt {i}: {a.world_size} worker(s), resumed from step "
                 f"{a.resumed_from_step}, logged steps {min(s, default=0)}..{max(s, default=0)}"
                 for i, (a, s) in enumerate(read_attempts(samples))]
-    steps = lineage(samples)
+    steps = lineage(samples, committed_only=True)  # what the saved model trained on
+    logged = len(lineage(samples))
+    if logged > len(steps):
+        attempts.append(f"steps {len(steps) + 1}..{logged} have no committed checkpoint: the "
+                        "saved model never trained on them")
     full = uninterrupted_steps(run)
     report = coverage([i for s in full for i in s], [], [i for s in steps for i in s])
     return compare_steps(report, full, steps), attempts

@@ -23,6 +23,7 @@ def test_mixture_job_crashes_resizes_and_trains_each_source_exactly_once(ray_ses
     # crashed at 5 (resumed from the step-3 checkpoint), stopped at 8, resized to 2 ranks
     assert result["attempts"] == [(4, 0), (4, 3), (2, 8)]
     assert result["exactly_once"], result
+    assert all(s["lost"] == s["unexpected"] == s["repeated"] == 0 for s in result["sources"])
     assert result["global_step"] == 20  # 800 rows / 40 per global step
     for s in result["sources"]:
         assert abs(s["observed"] - s["weight"]) < 1e-9  # sizes in proportion: exact mix

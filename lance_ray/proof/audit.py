@@ -11,6 +11,7 @@ live under a local path or a URI (``s3://...``), through :mod:`lance_ray.storage
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -20,6 +21,8 @@ from typing import IO, Any
 
 from .. import storage
 from ..storage import StorageOptionsFactory
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINTS_FILE = "checkpoints.jsonl"
 
@@ -134,8 +137,24 @@ def _attempt_dirs(root: str | os.PathLike[str],
 
 
 def _jsonl(path: str, storage_options: StorageOptionsFactory | None) -> list[dict[str, Any]]:
+    """The records of a JSON-lines log. A last line cut short (no newline: its writer died
+    mid-append) is dropped: its step never reached a checkpoint, and a lineage that needs
+    it says so. Any other line that does not parse is an error naming the file."""
     text = storage.read_bytes(path, storage_options=storage_options).decode("utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    lines = text.split("\n")
+    out = []
+    for k, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if k == len(lines) - 1:  # after the last newline: a torn append
+                logger.warning("%s: dropped its last line, cut short: %.60r", path, line)
+                continue
+            raise ValueError(f"{path}: line {k + 1} is not JSON ({e}); the sample log is "
+                             "damaged, not just cut short") from e
+    return out
 
 
 def _records(attempt_dir: str,
@@ -156,20 +175,29 @@ def _checkpoints(attempt_dir: str,
     return [(c["step"], c["t"]) for p in paths for c in _jsonl(p, storage_options)]
 
 
+def _attempts(root: str | os.PathLike[str],
+              storage_options: StorageOptionsFactory | None) -> list[tuple[Attempt, str]]:
+    """Every attempt under ``root`` with its directory, in start order."""
+    out = [(Attempt(**storage.read_json(storage.join(d, "attempt.json"),
+                                        storage_options=storage_options)), d)
+           for d in _attempt_dirs(root, storage_options)]
+    out.sort(key=lambda a: a[0].started)
+    return out
+
+
+def _steps(attempt_dir: str,
+           storage_options: StorageOptionsFactory | None) -> dict[int, list[int]]:
+    steps: dict[int, list[int]] = {}
+    for rec in _records(attempt_dir, storage_options):
+        steps.setdefault(rec["step"], []).extend(rec["ids"])
+    return steps
+
+
 def read_attempts(root: str | os.PathLike[str], *,
                   storage_options: StorageOptionsFactory | None = None
                   ) -> list[tuple[Attempt, dict[int, list[int]]]]:
     """Every attempt under ``root`` in start order, with its steps (ranks concatenated)."""
-    out = []
-    for d in _attempt_dirs(root, storage_options):
-        attempt = Attempt(**storage.read_json(storage.join(d, "attempt.json"),
-                                              storage_options=storage_options))
-        steps: dict[int, list[int]] = {}
-        for rec in _records(d, storage_options):
-            steps.setdefault(rec["step"], []).extend(rec["ids"])
-        out.append((attempt, steps))
-    out.sort(key=lambda a: a[0].started)
-    return out
+    return [(a, _steps(d, storage_options)) for a, d in _attempts(root, storage_options)]
 
 
 def read_attempt_logs(root: str | os.PathLike[str], *,
@@ -177,9 +205,7 @@ def read_attempt_logs(root: str | os.PathLike[str], *,
                       ) -> list[AttemptLog]:
     """Every attempt under ``root`` in start order, with per-step times and checkpoints."""
     out = []
-    for d in _attempt_dirs(root, storage_options):
-        attempt = Attempt(**storage.read_json(storage.join(d, "attempt.json"),
-                                              storage_options=storage_options))
+    for attempt, d in _attempts(root, storage_options):
         per_step: dict[int, list[dict]] = {}
         for rec in _records(d, storage_options):
             per_step.setdefault(rec["step"], []).append(rec)
@@ -188,17 +214,29 @@ def read_attempt_logs(root: str | os.PathLike[str], *,
                             max(r.get("wait_s", 0.0) for r in recs))
                  for s, recs in sorted(per_step.items())]
         out.append(AttemptLog(attempt, steps, _checkpoints(d, storage_options)))
-    out.sort(key=lambda a: a.attempt.started)
     return out
 
 
 def lineage(root: str | os.PathLike[str], *,
-            storage_options: StorageOptionsFactory | None = None) -> list[list[int]]:
-    """The global steps (1-based, in order) that the final model descends from."""
+            storage_options: StorageOptionsFactory | None = None,
+            committed_only: bool = False) -> list[list[int]]:
+    """The global steps (1-based, in order) that the final model descends from.
+
+    ``committed_only``: end at the last attempt's last committed checkpoint (or, if it
+    committed none, at the step it resumed from): steps it trained after that died with it,
+    as the saved model never saw them (a job whose last checkpoint failed to commit)."""
     effective: dict[int, list[int]] = {}
-    for attempt, steps in read_attempts(root, storage_options=storage_options):
+    attempts = _attempts(root, storage_options)
+    for attempt, d in attempts:
         effective = {s: ids for s, ids in effective.items() if s <= attempt.resumed_from_step}
-        effective.update(steps)
+        effective.update(_steps(d, storage_options))
+    if committed_only and attempts:
+        last, d = attempts[-1]
+        saved = max([s for s, _ in _checkpoints(d, storage_options)],
+                    default=last.resumed_from_step)
+        if any(s > saved for s in effective):
+            logger.warning("steps after %d have no committed checkpoint: left out", saved)
+        effective = {s: ids for s, ids in effective.items() if s <= saved}
     missing = [s for s in range(1, len(effective) + 1) if s not in effective]
     if missing:
         raise ValueError(f"the sample log has no record of global steps {missing[:10]}")

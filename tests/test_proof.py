@@ -1,0 +1,78 @@
+"""The exactly-once proof on hand-made sample logs: it must fail whenever delivery was
+wrong and hold on every correct run, including torn last lines and uncommitted steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from jobs import train_mixture
+from lance_ray.proof.audit import Attempt, SampleLog, lineage
+
+
+def log_attempt(root: Path, attempt: Attempt, steps: dict[int, list[int]],
+                checkpoints: list[int]) -> SampleLog:
+    log = SampleLog(root, attempt, 0)
+    for step, ids in steps.items():
+        log.write(step, ids)
+    for step in checkpoints:
+        log.checkpoint(step)
+    log.close()
+    return log
+
+
+def test_steps_after_the_last_committed_checkpoint_are_not_in_the_committed_lineage(
+        tmp_path):
+    log_attempt(tmp_path, Attempt("a0", 0, 1, 1.0), {s: [s] for s in range(1, 8)}, [5])
+    assert len(lineage(tmp_path)) == 7  # what was logged
+    assert lineage(tmp_path, committed_only=True) == [[s] for s in range(1, 6)]
+    # A restart from step 5 that commits the rest: every step is in it.
+    log_attempt(tmp_path, Attempt("a1", 5, 1, 2.0), {s: [s] for s in range(6, 10)}, [9])
+    assert lineage(tmp_path, committed_only=True) == [[s] for s in range(1, 10)]
+
+
+def test_a_last_line_cut_short_is_dropped_and_any_other_bad_line_refused(tmp_path):
+    log = log_attempt(tmp_path, Attempt("a0", 0, 1, 1.0), {1: [1], 2: [2]}, [2])
+    rank0 = Path(log.dir) / "rank0.jsonl"
+    with rank0.open("a") as f:
+        f.write('{"step": 3, "ids": [3')  # the writer died mid-append
+    log_attempt(tmp_path, Attempt("a1", 2, 1, 2.0), {3: [3]}, [3])
+    assert lineage(tmp_path, committed_only=True) == [[1], [2], [3]]
+    rank0.write_text('{"step": 1, "ids": [1]}\n{"step": 2, "ids"\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        lineage(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def mixture_tables(tmp_path_factory) -> tuple[Path, dict[str, int]]:
+    workdir = tmp_path_factory.mktemp("mixture")
+    return workdir, train_mixture.make_tables(str(workdir / "db"), 400)
+
+
+def write_mixture_log(workdir: Path, samples: list[tuple[int, int]], empty: bool = False
+                      ) -> None:
+    logs = workdir / "samples"
+    logs.mkdir(exist_ok=True)
+    for old in logs.glob("*"):
+        old.unlink()
+    lines = [{"resumed_from": 0, "world_size": 1, "t": 1.0}]
+    lines += [{"step": k // 40 + 1, "samples": samples[k:k + 40]}
+              for k in range(0, len(samples), 40)]
+    (logs / "a-1-0-rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if empty:  # a rank of a group start that died before writing anything
+        (logs / "b-2-0-rank1.jsonl").write_text("")
+
+
+def test_the_mixture_proof_checks_which_samples_not_how_many(mixture_tables):
+    workdir, versions = mixture_tables
+    planned = train_mixture.planned_samples(workdir, versions, 4, 0)
+    write_mixture_log(workdir, planned, empty=True)
+    assert train_mixture.proof(workdir, versions, 4)["exactly_once"]
+    source, _ = planned[5]
+    stranger = [(source, 10**6), *planned[:5], *planned[6:]]  # one planned sample swapped
+    write_mixture_log(workdir, stranger)
+    result = train_mixture.proof(workdir, versions, 4)
+    assert not result["exactly_once"]
+    assert result["sources"][source]["lost"] == result["sources"][source]["unexpected"] == 1
