@@ -153,6 +153,11 @@ def test_a_stale_view_stops_within_one_batch_of_a_resize(coord_factory, table_1k
         for it in (running, iter(view)):
             with pytest.raises(StaleReport, match="resized since this view of world size 2"):
                 next(it)
+    with pytest.raises(StaleReport):  # nor does it move the live views' epoch
+        views[0].set_epoch(1)
+    with pytest.raises(StaleReport, match="view is stale"):  # the coordinator refuses too
+        ray.get(coord.handle.set_epoch.remote(1, 0))
+    assert coord.status()["epoch"] == 0
     three = [coord.view(r, 3, reader="local", read_batch_size=64).iter_batches(batch // 3)
              for r in range(3)]
     after = step_views(three)

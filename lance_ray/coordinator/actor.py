@@ -325,8 +325,15 @@ class CoordinatorActor:
         publish_on_nodes(self._generation_file, generation, nodes)
         return state
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, generation: int | None = None) -> None:
+        """Move the run to ``epoch``; ``generation``: the asking view's, refused when a
+        resize has made that view stale (it would move the live views' epoch under them)."""
         with self._lock:
+            if generation is not None and generation != self._generation:
+                raise lg.StaleReport(
+                    f"set_epoch({epoch}) from a view of generation {generation}, but the "
+                    f"coordinator was resized since (generation {self._generation}): that "
+                    "view is stale; set the epoch on the views of the new world size")
             if epoch != self._ledger.epoch:
                 lg.advance_epoch(self._ledger, epoch)
                 if self._packed is not None:

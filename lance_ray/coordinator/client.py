@@ -152,8 +152,10 @@ class CoordinatorPlans:
             self._reporter.flush(wait=wait)
 
     def set_epoch(self, epoch: int) -> None:
+        self.check_current()  # a stale view never moves the live views' epoch
         self.flush(wait=True)  # the old epoch's last steps seal before it ends
-        _ray().get(self.handle.set_epoch.remote(epoch))
+        generation = None if self._watch is None else self._watch.generation
+        _ray().get(self.handle.set_epoch.remote(epoch, generation))
 
     def __getstate__(self) -> dict[str, Any]:
         # With an address the handle travels as its name (see find_in_process).
