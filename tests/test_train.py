@@ -106,6 +106,20 @@ def test_a_global_batch_that_is_not_a_multiple_of_num_splits_is_refused():
         check_world_sizes(4, 48, global_batch=64)
 
 
+def _two_ranks(loop, name: str, tmp_path, config: dict | None = None):
+    """A TorchTrainer of two half-CPU ranks that must not retry (the tests expect its
+    first failure)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    return TorchTrainer(
+        loop, train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(num_workers=2,
+                                               resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(name=name, storage_path=str(tmp_path),
+                                       failure_config=ray.train.FailureConfig(max_failures=0)))
+
+
 def _resume_uneven(config: dict) -> None:
     import ray.train
 
@@ -123,18 +137,10 @@ def test_ranks_left_with_different_numbers_of_samples_fail_the_start_not_hang(
     """A one-rank checkpoint taken after a batch of 3 over 8 splits leaves the splits
     unequally consumed: on two ranks, one would run a step more than the other, and DDP
     would wait for it until gloo times out."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
     one = lance_ray.StreamingDataset(table_1k, num_splits=8, reader="local")
     next(one.iter_batches(3))
-    trainer = TorchTrainer(
-        _resume_uneven, train_loop_config={"table": table_1k.to_lance().uri,
-                                           "state": one.state_dict()},
-        scaling_config=ray.train.ScalingConfig(num_workers=2,
-                                               resources_per_worker={"CPU": 0.5}),
-        run_config=ray.train.RunConfig(name="uneven", storage_path=str(tmp_path),
-                                       failure_config=ray.train.FailureConfig(max_failures=0)))
+    trainer = _two_ranks(_resume_uneven, "uneven", tmp_path,
+                         {"table": table_1k.to_lance().uri, "state": one.state_dict()})
     with pytest.raises(Exception, match=r"rank 1 has \d+ samples left after restoring and "
                                         r"rank 0 has \d+"):
         trainer.fit()
@@ -145,15 +151,7 @@ def test_ranks_that_would_resume_from_different_states_fail_the_start_not_hang(
     """A rank that restored another state (e.g. found its checkpoint empty) would train
     other steps than its peers, whose DDP collectives would then wait for it until gloo
     times out (30 min); the ranks compare what they restore and refuse instead."""
-    import ray.train
-    from ray.train.torch import TorchTrainer
-
-    trainer = TorchTrainer(
-        _resume_at_own_rank,
-        scaling_config=ray.train.ScalingConfig(num_workers=2,
-                                               resources_per_worker={"CPU": 0.5}),
-        run_config=ray.train.RunConfig(name="disagree", storage_path=str(tmp_path),
-                                       failure_config=ray.train.FailureConfig(max_failures=0)))
+    trainer = _two_ranks(_resume_at_own_rank, "disagree", tmp_path)
     with pytest.raises(Exception, match=r"rank 1 restores a different data state \(global "
                                         r"step 4\) than rank 0"):
         trainer.fit()
