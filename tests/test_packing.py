@@ -302,6 +302,21 @@ def test_the_loader_without_workers_yields_the_packed_batches(corpora):
     assert sum((loader_blocks(b) for b in loader), []) == blocks_of(Reference(table, **kw))
 
 
+def test_a_collate_fn_gets_the_blocks_that_iteration_yields(corpora):
+    """A ``collate_fn`` receives ``[L]`` blocks, as ``__iter__`` yields them: with
+    ``default_collate`` the loader's batches are the reference DataLoader's, ``[b, L]``."""
+    from torch.utils.data import DataLoader, default_collate
+
+    table, _ = corpora[1]
+    kw = packed(L=8, num_splits=2, blocks_per_epoch=20)
+    ours = lance_ray.StreamingDataLoader(StreamingDataset(table, reader="local", **kw),
+                                         batch_size=4, collate_fn=default_collate)
+    theirs = DataLoader(Reference(table, **kw), batch_size=4, collate_fn=default_collate)
+    for a, b in itertools.zip_longest(ours, theirs):
+        assert a.keys() == b.keys() and a["input_ids"].shape == (4, 8)
+        assert all(a[k].equal(b[k]) for k in a)
+
+
 def loader_blocks(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     return blocks_of([{"input_ids": i, "doc_ids": d}
                       for i, d in zip(batch["input_ids"], batch["doc_ids"])])

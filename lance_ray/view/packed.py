@@ -180,9 +180,7 @@ class PackedMode:
     def items(self, lease: Lease) -> Iterator[Any]:
         """``__iter__``: one block at a time, each committed as it is handed over."""
         for blocks in self._run(lease[0], 1, batches=0):
-            out = as_tensors(blocks, self.options)
-            yield {k: v[0] if k not in ("cu_seqlens", "max_seqlen") else v
-                   for k, v in out.items()}
+            yield self._item(blocks, 0)
 
     def batches(self, lease: Lease, batch_size: int,
                 collate_fn: Callable[[list[Any]], Any] | None,
@@ -194,9 +192,15 @@ class PackedMode:
             if collate_fn is None:
                 yield as_tensors(blocks, options)
             else:
-                yield collate_fn([as_tensors(Blocks(blocks.input_ids[j:j + 1],
-                                                    blocks.doc_ids[j:j + 1]), options)
-                                  for j in range(len(blocks))])
+                yield collate_fn([self._item(blocks, j) for j in range(len(blocks))])
+
+    def _item(self, blocks: Blocks, j: int) -> dict[str, Any]:
+        """Block ``j`` of ``blocks`` as ``__iter__`` yields it (and a ``collate_fn`` receives
+        it): ``[L]`` tensors, without the batch dimension."""
+        out = as_tensors(Blocks(blocks.input_ids[j:j + 1], blocks.doc_ids[j:j + 1]),
+                         self.options)
+        return {k: v[0] if k not in ("cu_seqlens", "max_seqlen") else v
+                for k, v in out.items()}
 
     def read_share(self, rows: RankStream, worker: int, num_workers: int,
                    documents: DocumentReads) -> Iterator[ChunkResult]:
