@@ -111,6 +111,25 @@ def test_a_restored_mid_epoch_state_is_where_later_buffers_reach_back_to(packed_
     assert reference_keys(again.state_dict()) == reference_keys(mine.state_dict())
 
 
+def test_one_ranks_unmerged_reference_state_is_refused_and_progress_kept(packed_coord,
+                                                                        token_table):
+    """A lancedb rank state names no rank, so only its unequal block counts show that it is
+    one rank's: the coordinator refuses it as a view does, and keeps its progress."""
+    table = token_table[0]
+    rank0 = Reference(table, rank=0, world_size=2, num_splits=NUM_SPLITS, shuffle_seed=3,
+                      blocks_per_epoch=PER_SPLIT * NUM_SPLITS, **RUN)
+    it = iter(rank0)
+    for _ in range(4):
+        next(it)
+    state = rank0.state_dict()
+    assert len(set(state["blocks_emitted_per_split"])) > 1
+    coord = packed_coord("packed_unmerged", 1)
+    before = coord.state_dict()
+    with pytest.raises(ValueError, match="not aligned.*merge_state_dicts"):
+        coord.load_state_dict(state)
+    assert coord.state_dict() == before
+
+
 def test_auto_is_counted_by_the_coordinator_and_equals_a_views_own_count(packed_coord,
                                                                         token_table):
     table = token_table[0]

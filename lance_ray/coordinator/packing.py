@@ -34,6 +34,7 @@ from ..state.packed import (
     make_packed_state,
     parse_packed_state,
 )
+from ..stream.packed_order import NOT_ALIGNED
 from ..stream.packing import documents
 from ..stream.rebuild import FIRST_READ, rebuild_buffer
 
@@ -146,6 +147,10 @@ class PackedRun:
         if not parsed.owner.is_complete:
             raise ValueError("the coordinator needs a merged state covering every split; "
                              "merge the ranks' states with merge_state_dicts() first")
+        if len(set(parsed.emitted)) > 1:
+            # A lancedb state names no rank, so one rank's unmerged state passes the check
+            # above; its splits' block counts differ, which no global step leaves.
+            raise ValueError(NOT_ALIGNED)
         self.base = list(parsed.splits)
         consumed = tuple(s.consumed for s in parsed.splits)
         return lg.Sealed(plan.spec.epoch, parsed.owner.global_step or 0, world_size, consumed,
