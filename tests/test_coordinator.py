@@ -150,7 +150,7 @@ def test_a_stale_view_stops_within_one_batch_of_a_resize(coord_factory, table_1k
     wait_sealed(coord, 5)
     coord.resize(3)
     for view, running in zip(views, two):  # not a single batch more, and it stays stopped
-        for it in (running, iter(view)):
+        for it in (running, view.iter_batches(batch // 2)):
             with pytest.raises(StaleReport, match="resized since this view of world size 2"):
                 next(it)
     with pytest.raises(StaleReport):  # nor does it move the live views' epoch
@@ -276,6 +276,26 @@ def test_status_is_current_within_the_report_interval_when_views_stop(coord_fact
     step_views(local_views(coord, 2), 4)  # the views are dropped with steps still buffered
     status = wait_sealed(coord, 4)
     assert status["report_policy"]["every_s"] == 0.2
+
+
+def test_an_attached_view_refuses_sample_by_sample_iteration(coord_factory):
+    """Samples read one by one make no global step, so the coordinator would never hear of
+    them and a resize would deliver them again: such a read is refused, naming the batch
+    routes, and the coordinator's progress is untouched."""
+    coord = coord_factory("one_by_one")
+    view = coord.view(0, 2, reader="local")
+    for read in (iter, lambda v: torch_loader(v)):
+        with pytest.raises(RuntimeError, match=r"iter_batches\(batch_size\).*"
+                                               r"StreamingDataLoader"):
+            read(view)
+    assert coord.status()["sealed_step"] == 0
+    assert next(view.iter_batches(GLOBAL_BATCH // 2))["id"].tolist()
+
+
+def torch_loader(view):
+    from torch.utils.data import DataLoader
+
+    return next(iter(DataLoader(view, batch_size=4)))
 
 
 def test_a_loader_over_a_coordinators_view_reads_with_workers(coord_factory, table_1k):

@@ -165,6 +165,17 @@ def test_a_restarted_view_resumes_from_the_coordinator_on_its_own(make, tables):
     assert step(batches(again, 2), 1) != next_epoch
 
 
+def test_an_attached_view_refuses_sample_by_sample_iteration(make, tables):
+    """Samples read one by one make no global step: the coordinator would never hear of
+    them, so such a read is refused and the batch routes are named."""
+    coord = make("mix_one_by_one", 2)
+    view = attached(coord, 2)[0]
+    before = coord.state_dict()
+    with pytest.raises(RuntimeError, match=r"iter_batches\(batch_size\).*StreamingDataLoader"):
+        iter(view)
+    assert coord.state_dict() == before
+
+
 def test_a_checkpoint_loads_into_the_coordinator_and_other_states_are_refused(make, tables):
     coord = make("mix_load", 2)
     ours = plain(tables, 2)

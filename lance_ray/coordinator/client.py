@@ -18,6 +18,18 @@ from ..topology import Topology
 DEFAULT_NAMESPACE = "lance_ray"
 
 
+def refuse_sample_reads() -> None:
+    """Refuse to read an attached view one sample at a time. A coordinator seals progress
+    per global step, a batch that every rank sends; samples read one by one make no step,
+    so it would never hear of them and a resize or restart would deliver them again."""
+    raise RuntimeError(
+        "this view is attached to a coordinator, which records progress per global step (a "
+        "batch): samples read one by one (iter(view), or a torch DataLoader over it) would "
+        "never reach it, and a resize or restart would deliver them again; read it with "
+        "view.iter_batches(batch_size) or lance_ray.StreamingDataLoader(view, "
+        "batch_size=...)")
+
+
 def _ray() -> Any:
     """Ray, imported where a coordinator is used: a view without one (no cluster connected)
     never pays for importing it (seconds of a cold start)."""

@@ -10,7 +10,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import numpy_scalars_accepted, positive_int
-from ..coordinator.client import DEFAULT_NAMESPACE, CoordinatorPlans
+from ..coordinator.client import DEFAULT_NAMESPACE, CoordinatorPlans, refuse_sample_reads
 from ..plan import pack_args
 from ..plan.resolve import resolve_plan
 from ..plan.sources import LocalPlans, RayTaskPlans, ray_is_up
@@ -263,6 +263,8 @@ class StreamingDataset(ViewCore, IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         """Yield samples one by one: dicts of Python values, or the transform's items."""
+        if self._plans.wants_reports:
+            refuse_sample_reads()
         return leased(self._mode.items)
 
     @numpy_scalars_accepted

@@ -19,7 +19,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from ..checks import numpy_scalars_accepted, positive_int
-from ..coordinator.client import DEFAULT_NAMESPACE
+from ..coordinator.client import DEFAULT_NAMESPACE, refuse_sample_reads
 from ..plan.splits import check_epoch_seed
 from ..read.transform import Transform
 from ..state.merge import merge_state_dicts
@@ -333,6 +333,8 @@ class MixtureDataset(IterableDataset):
     # ----------------------------------------------------------------------- reading
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Yield samples one by one: dicts carrying ``"source"`` (packed: blocks)."""
+        if self._link is not None:
+            refuse_sample_reads()
         if self._pack is not None:
             return leased(lambda lease: self._packed(lease, None))
         return leased(lambda lease: self._progress.read(lease, None, None))
