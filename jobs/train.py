@@ -134,10 +134,24 @@ def run_config(name: str, storage_uri: str, max_failures: int) -> ray.train.RunC
 
 
 def worker_resources(workers: int) -> dict[str, float]:
-    """Slots when the cluster has enough for ``workers`` (an elastic run grows as slots
-    join); CPUs otherwise, which a plain `ray.init` cluster has."""
-    slots = ray.cluster_resources().get("slot", 0)
-    return {"slot": 1} if slots >= workers else {"CPU": 0.5}
+    """One train slot per worker on a cluster that has slots (``cluster/local.sh``, KubeRay,
+    the launcher: train workers then never take the CPUs Ray Data reads need; an elastic run
+    grows as slots join); half a CPU on a cluster without any (a plain ``ray.init``).
+
+    A cluster with slots, but fewer than ``workers``, is refused: a group asking for slots
+    would wait for them forever, and one asking for CPUs instead would take the few CPUs
+    that Ray Data's reads need (all of a ``cluster/local.sh`` cluster's) and hang."""
+    slots = int(ray.cluster_resources().get("slot", 0))
+    if not slots:
+        return {"CPU": 0.5}
+    if slots < workers:
+        raise SystemExit(
+            f"{workers} train workers need {workers} train slots, but the cluster has "
+            f"{slots} train slot(s): add nodes (a local cluster: cluster/local.sh resize "
+            f"{-(-workers // 2)}, at 2 slots a node; an autoscaling one: "
+            f"ray.autoscaler.sdk.request_resources(bundles=[{{'slot': 1}}] * {workers})), "
+            f"or lower --workers (--min-workers, for an elastic run) to at most {slots}")
+    return {"slot": 1}
 
 
 def announce_worker(log_dir: str, rank: int, world_size: int) -> None:
