@@ -350,6 +350,19 @@ def test_set_epoch_starts_the_mixture_epoch_over_and_the_next_epoch_follows(tabl
     assert flat(run(ds, 8)) == first
 
 
+def test_set_epoch_of_the_current_epoch_keeps_a_resumed_position(table_factory):
+    """The usual loop calls ``set_epoch(epoch)`` before each epoch, the resumed one too:
+    as for a view, the epoch being read is a no-op, so nothing is read twice."""
+    tables = [table_factory(n) for n in (64, 40)]
+    whole = run(mixture(tables, [2, 1]), 8)
+    ds = mixture(tables, [2, 1])
+    run(ds, 8, limit=3)
+    resumed = mixture(tables, [2, 1])
+    resumed.load_state_dict(ds.state_dict())
+    resumed.set_epoch(0)
+    assert run(resumed, 8) == whole[3:]
+
+
 # 3 workers do not divide the rank's 4 splits: a plain DataLoader's split share would refuse
 # them, the loader's batch share must not (the smaller sources start later passes here).
 @pytest.mark.parametrize("num_workers", [0, 2, 3])

@@ -99,11 +99,6 @@ class MixProgress:
         """Samples this rank has left of each source's current pass."""
         return list(self._left)
 
-    def at_start_of(self, epoch: int) -> bool:
-        """Whether this is epoch ``epoch``'s start, nothing read."""
-        return epoch == self._epoch and self._step == 0 and self._passes == [epoch] * len(
-            self.views)
-
     def begin_epoch(self, epoch: int) -> None:
         """Mixture epoch ``epoch`` from its start (the views are at its plans already)."""
         self._epoch = epoch

@@ -313,10 +313,11 @@ class MixtureDataset(IterableDataset):
     @numpy_scalars_accepted
     def set_epoch(self, epoch: int) -> None:
         """Read mixture epoch ``epoch`` from its start (every source at its plan of that
-        epoch); a no-op if already there and nothing was read."""
+        epoch); a no-op on the epoch being read, as for a view, so that the usual
+        ``set_epoch(epoch)`` before each epoch keeps a resumed position."""
         check_epoch_seed(self._meta["shuffle_seed"], epoch)
         run = self._progress
-        if run.at_start_of(epoch):
+        if epoch == run.epoch:
             return
         if self.samples_remaining and run.step:
             logger.warning("leaving mixture epoch %d with %d samples of rank %d unread",
