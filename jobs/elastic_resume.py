@@ -24,11 +24,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 import ray
 
 import lance_ray
+from jobs.args import check_run_sizes, positive_int
 from lance_ray.proof.verify import compare_steps, coverage
 from lance_ray.testing.ranks import Rank
 from lance_ray.testing.tables import create_table
 
 logger = logging.getLogger("demo")
+
+RESUME_ON = (1, 2, 4)  # the world sizes that resume the 2 ranks' checkpoint
 
 
 def run_steps(uri: str, world_size: int, global_batch: int, plan: dict, *,
@@ -58,15 +61,22 @@ def run_steps(uri: str, world_size: int, global_batch: int, plan: dict, *,
     return steps, merged
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/elastic")
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--num-splits", type=int, default=8)
-    parser.add_argument("--global-batch", type=int, default=64)
-    parser.add_argument("--stop-step", type=int, default=100)
+    parser.add_argument("--rows", type=positive_int, default=20_000)
+    parser.add_argument("--num-splits", type=positive_int, default=8)
+    parser.add_argument("--global-batch", type=positive_int, default=64)
+    parser.add_argument("--stop-step", type=positive_int, default=100)
     parser.add_argument("--seed", type=int, default=7)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # Every world size (2, which takes the checkpoint, among them) must divide --num-splits,
+    # and --global-batch be a multiple of it; the largest size divides what the others do.
+    for world_size in RESUME_ON:
+        check_run_sizes(world_size, args.num_splits, None,
+                        workers_from=f"world size {world_size} (of {RESUME_ON})")
+    check_run_sizes(max(RESUME_ON), args.num_splits, args.global_batch,
+                    workers_from=f"world sizes {RESUME_ON}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     workdir = Path(args.workdir)
@@ -87,7 +97,7 @@ def main() -> None:
     before = [i for s in before_steps for i in s]
 
     rows = []
-    for world_size in (1, 2, 4):
+    for world_size in RESUME_ON:
         logger.info("resume from %s on %d rank(s)", ckpt, world_size)
         after_steps, _ = run_steps(uri, world_size, args.global_batch, plan,
                                    state=lance_ray.load_state(ckpt))

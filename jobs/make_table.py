@@ -11,22 +11,24 @@ from __future__ import annotations
 import argparse
 import logging
 
+from jobs.args import positive_int
 from lance_ray.testing.tables import create_table, synthetic_batch, token_rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="runs/demo/db", help="LanceDB database directory")
     parser.add_argument("--name", default="demo")
-    parser.add_argument("--rows", type=int, default=20_000)
-    parser.add_argument("--dim", type=int, default=16)
-    parser.add_argument("--fragments", type=int, default=4)
+    parser.add_argument("--rows", type=positive_int, default=20_000)
+    parser.add_argument("--dim", type=positive_int, default=16)
+    parser.add_argument("--fragments", type=positive_int, default=4)
     parser.add_argument("--tokens", action="store_true",
                         help="a token table (one document per row) instead")
     parser.add_argument("--mean-len", type=float, default=500.0,
                         help="--tokens: mean document length")
-    parser.add_argument("--vocab", type=int, default=32_000, help="--tokens: vocabulary size")
-    args = parser.parse_args()
+    parser.add_argument("--vocab", type=positive_int, default=32_000,
+                        help="--tokens: vocabulary size")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     table = create_table(args.db, args.name, rows=args.rows, dim=args.dim,
                          fragments=args.fragments,

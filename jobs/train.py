@@ -30,6 +30,7 @@ import torch
 from ray.train.torch import TorchTrainer
 
 import lance_ray.train as lt
+from jobs.args import check_run_sizes, positive_int
 from lance_ray import storage
 from lance_ray.cli import print_status
 from lance_ray.driver.handle import Coordinator
@@ -117,7 +118,7 @@ def crash_once(config: dict[str, Any], step: int, rank: int, world_size: int) ->
 
 def add_run_arguments(p: argparse.ArgumentParser, *, checkpoint_every: int) -> None:
     """The options every training job here shares: checkpoints, stop, crash, retries."""
-    p.add_argument("--checkpoint-every", type=int, default=checkpoint_every)
+    p.add_argument("--checkpoint-every", type=positive_int, default=checkpoint_every)
     p.add_argument("--stop-at-step", type=int, default=0, help="stop after this step (0: epoch)")
     p.add_argument("--crash-at-step", type=int, default=-1, help="kill a worker once here")
     p.add_argument("--max-failures", type=int, default=3)
@@ -180,8 +181,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--table", default="demo")
     p.add_argument("--name", default="demo-run", help="run name (RunConfig and coordinator)")
     p.add_argument("--storage-path", default="runs/demo/storage")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--min-workers", type=int, default=None,
+    p.add_argument("--workers", type=positive_int, default=2)
+    p.add_argument("--min-workers", type=positive_int, default=None,
                    help="elastic training: ScalingConfig(num_workers=(min, --workers))")
     p.add_argument("--resize-interval", type=float, default=60.0,
                    help="elastic training: seconds between Ray Train's checks for a "
@@ -189,8 +190,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "(ScalingConfig.elastic_resize_monitor_interval_s)")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="seconds each step sleeps, standing in for model compute")
-    p.add_argument("--num-splits", type=int, default=8)
-    p.add_argument("--global-batch", type=int, default=64)
+    p.add_argument("--num-splits", type=positive_int, default=8)
+    p.add_argument("--global-batch", type=positive_int, default=64)
     add_run_arguments(p, checkpoint_every=20)
     p.add_argument("--local-mode", action="store_true",
                    help="run the loop in this process (ScalingConfig(num_workers=0))")
@@ -203,10 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     run_dir = storage.join(storage_uri, args.name)
 
     num_workers = args.workers if args.min_workers is None else (args.min_workers, args.workers)
-    try:
-        lt.check_world_sizes(num_workers, args.num_splits, args.global_batch)
-    except ValueError as e:
-        raise SystemExit(f"--workers/--num-splits/--global-batch: {e}") from None
+    check_run_sizes(num_workers, args.num_splits, args.global_batch)
     connect(args.address)
     table = lancedb.connect(db_uri).open_table(args.table)
     run = {"db": db_uri, "table": args.table,

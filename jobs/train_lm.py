@@ -36,6 +36,7 @@ from ray.train.torch import TorchTrainer
 import lance_ray.train as lt
 from jobs import lm_data, lm_model
 from jobs import train as train_job
+from jobs.args import check_run_sizes, positive_int
 from jobs.lm_data import PackedView, PackSpec, block_ids, merge_for
 from jobs.lm_model import TinyLM, lm_loss
 from lance_ray import storage
@@ -155,21 +156,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--table", default="tokens")
     p.add_argument("--name", default="lm-run", help="run name (RunConfig)")
     p.add_argument("--storage-path", default="runs/lm/storage")
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--workers", type=positive_int, default=2)
     p.add_argument("--reader", choices=lm_data.READERS, default="lance_ray",
                    help="whose pack_sequences reads the blocks (lance_ray: local reader; "
                         "coordinator: lance_ray views attached to a coordinator actor)")
-    p.add_argument("--num-splits", type=int, default=4)
-    p.add_argument("--block-len", type=int, default=128, help="pack_sequences (L)")
+    p.add_argument("--num-splits", type=positive_int, default=4)
+    p.add_argument("--block-len", type=positive_int, default=128, help="pack_sequences (L)")
     p.add_argument("--blocks-per-epoch", type=int, default=0,
                    help="0: every token of the table (rounded down to a multiple of splits)")
-    p.add_argument("--global-batch", type=int, default=8,
+    p.add_argument("--global-batch", type=positive_int, default=8,
                    help="blocks per global step, a multiple of --num-splits")
-    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--vocab", type=positive_int, default=256)
     train_job.add_run_arguments(p, checkpoint_every=4)
     p.add_argument("--demo", action="store_true",
-                   help="make a table, train with a crash, resume on 4 workers, verify")
-    p.add_argument("--docs", type=int, default=400, help="--demo: documents in the table")
+                   help="make a table, train on 2 workers with a crash, resume on 4, verify "
+                        "(with the settings above but its own --workers, --crash-at-step and "
+                        "--stop-at-step)")
+    p.add_argument("--docs", type=positive_int, default=400,
+                   help="--demo: documents in the table")
     p.add_argument("--mean-len", type=float, default=100.0, help="--demo: mean doc length")
     return p
 
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return demo(args)
     db_uri, storage_uri = storage.absolute(args.db), storage.absolute(args.storage_path)
     run_dir = storage.join(storage_uri, args.name)
-    lt.check_world_sizes(args.workers, args.num_splits, args.global_batch)
+    check_run_sizes(args.workers, args.num_splits, args.global_batch)
     train_job.connect(args.address)
     # Train workers cannot import jobs/ as modules: ship them by value, as `ray job
     # submit` ships a __main__ script.
@@ -230,11 +234,31 @@ def start_local_ray(attempts: int = 3) -> None:
             ray.shutdown()
 
 
+# The options --demo passes on to its two jobs, and those it sets itself (and refuses).
+DEMO_FORWARDS = ("--num-splits", "--block-len", "--blocks-per-epoch", "--global-batch",
+                 "--vocab", "--checkpoint-every", "--max-failures", "--seed")
+DEMO_OWN = ("--workers", "--crash-at-step", "--stop-at-step")
+
+
+def dest(flag: str) -> str:
+    """The argparse attribute of ``--flag-name``."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def demo(args: argparse.Namespace) -> dict[str, Any]:
     """A fresh table and run: 2 workers crash and stop mid-epoch, 4 finish it, then the
     proof (``jobs/verify.py``'s)."""
     from jobs import verify as verify_job
 
+    p = parser()
+    own = [flag for flag in DEMO_OWN if getattr(args, dest(flag)) != p.get_default(dest(flag))]
+    if own:
+        raise SystemExit(f"--demo runs its own schedule (2 workers crash at step 6 and stop at "
+                         f"12, then 4 finish the epoch): drop {', '.join(own)}, or leave out "
+                         "--demo to run one job of a run")
+    for world_size in (2, 4):
+        check_run_sizes(world_size, args.num_splits, args.global_batch,
+                        workers_from=f"--demo's world size {world_size} (of 2 and 4)")
     for stale in (args.db, args.storage_path):
         shutil.rmtree(stale, ignore_errors=True)
     # Ray first: its processes start with fork+exec, unsafe once Lance runs threads here.
@@ -245,7 +269,8 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
                                        batch=make_table.token_rows(args.mean_len, args.vocab))
     print(f"token table {args.table!r}: {table.count_rows()} documents")
     common = ["--db", args.db, "--table", args.table, "--storage-path", args.storage_path,
-              "--name", args.name, "--reader", args.reader]
+              "--name", args.name, "--reader", args.reader,
+              *[a for flag in DEMO_FORWARDS for a in (flag, str(getattr(args, dest(flag))))]]
     main(common + ["--workers", "2", "--crash-at-step", "6", "--stop-at-step", "12"])
     metrics = main(common + ["--workers", "4"])
     ok = verify_job.print_proof(*verify_job.verify_run(

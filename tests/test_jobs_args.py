@@ -4,9 +4,37 @@ check must fire before a job connects to (or starts) a cluster."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from jobs import elastic_resume, make_table, train_lm
 from jobs import train as train_job
+from jobs.args import check_run_sizes
+
+
+class Connected(Exception):
+    """A job went on to connect to Ray: the check under test did not refuse first."""
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    def refuse(*_a, **_k):
+        raise Connected
+
+    monkeypatch.setattr(train_job, "connect", refuse)
+    monkeypatch.setattr(train_lm, "start_local_ray", refuse)
+    monkeypatch.setattr(elastic_resume, "create_table", refuse)
+    monkeypatch.setattr(elastic_resume.ray, "init", refuse)
+
+
+def usage_error(capsys, main, argv) -> str:
+    """argparse's refusal: exit status 2 and the message on stderr."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
 
 # --- worker resources -------------------------------------------------------------------
 
@@ -27,3 +55,104 @@ def test_a_cluster_with_too_few_slots_is_refused_not_run_on_cpus_that_starve_rea
     msg = str(e.value.code)
     assert "4" in msg and "2 train slot" in msg and "cluster/local.sh resize 2" in msg, msg
     assert "--workers" in msg, msg
+
+
+# --- jobs/train.py ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--checkpoint-every", "--workers", "--min-workers",
+                                  "--num-splits", "--global-batch"])
+@pytest.mark.parametrize("value", ["0", "-5", "x"])
+def test_train_refuses_sizes_that_are_not_positive_integers(capsys, no_ray, flag, value):
+    err = usage_error(capsys, train_job.main, [flag, value])
+    assert flag in err and value in err, err
+
+
+@pytest.mark.parametrize("sizes, match", [
+    ((0, 8, 64), "--workers must be a positive integer, got 0"),
+    (((-1, 2), 8, 64), "--min-workers must be a positive integer, got -1"),
+    ((2, 0, 64), "--num-splits must be a positive integer, got 0"),
+    ((2, 8, -64), "--global-batch must be a positive integer, got -64"),
+])
+def test_sizes_given_in_code_that_are_not_positive_are_refused_by_name(sizes, match):
+    with pytest.raises(SystemExit, match=match):
+        check_run_sizes(*sizes)
+
+
+def test_train_refuses_min_workers_above_workers(no_ray):
+    with pytest.raises(SystemExit) as e:
+        train_job.main(["--min-workers", "4", "--workers", "2"])
+    assert "--min-workers (4)" in str(e.value.code) and "--workers (2)" in str(e.value.code)
+
+
+def test_train_refuses_world_sizes_that_do_not_divide_num_splits(no_ray):
+    with pytest.raises(SystemExit, match="do not divide num_splits"):
+        train_job.main(["--min-workers", "2", "--workers", "4"])  # 3 does not divide 8
+
+
+# --- jobs/make_table.py -----------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["--fragments", "0"], ["--rows", "-5"], ["--dim", "0"]])
+def test_make_table_refuses_sizes_that_are_not_positive(capsys, tmp_path, argv):
+    err = usage_error(capsys, make_table.main, ["--db", str(tmp_path / "db"), *argv])
+    assert argv[0] in err, err
+    assert not (tmp_path / "db").exists()
+
+
+# --- jobs/elastic_resume.py -------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, match", [
+    (["--num-splits", "6"], "do not divide num_splits"),       # world size 4 does not divide 6
+    (["--global-batch", "60"], "not a multiple of num_splits"),
+])
+def test_elastic_resume_checks_its_sizes_before_making_a_table(no_ray, argv, match):
+    with pytest.raises(SystemExit, match=match):
+        elastic_resume.main(argv)
+
+
+@pytest.mark.parametrize("argv", [["--global-batch", "0"], ["--num-splits", "-8"],
+                                  ["--stop-step", "0"], ["--rows", "0"]])
+def test_elastic_resume_refuses_sizes_that_are_not_positive(capsys, no_ray, argv):
+    err = usage_error(capsys, elastic_resume.main, argv)
+    assert argv[0] in err, err
+
+
+# --- jobs/train_lm.py -------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag, value", [("--workers", "3"), ("--crash-at-step", "2"),
+                                         ("--stop-at-step", "5")])
+def test_train_lm_demo_refuses_flags_it_would_ignore(tmp_path, no_ray, flag, value):
+    with pytest.raises(SystemExit) as e:
+        train_lm.main(["--demo", "--db", str(tmp_path / "db"), flag, value])
+    assert flag in str(e.value.code), e.value.code
+
+
+def test_train_lm_demo_checks_its_world_sizes_against_num_splits(tmp_path, no_ray):
+    with pytest.raises(SystemExit, match="do not divide num_splits"):
+        train_lm.main(["--demo", "--db", str(tmp_path / "db"), "--num-splits", "6",
+                       "--global-batch", "12"])
+
+
+def test_train_lm_demo_forwards_the_run_settings_to_its_jobs(tmp_path, monkeypatch):
+    import jobs.verify
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(train_lm, "start_local_ray", lambda: None)
+    monkeypatch.setattr(train_job, "connect", lambda *_: None)
+    monkeypatch.setattr(train_lm.make_table, "create_table",
+                        lambda *_a, **_k: argparse.Namespace(count_rows=lambda: 0))
+    monkeypatch.setattr(train_lm, "main", lambda argv: calls.append(argv) or {})
+    monkeypatch.setattr(jobs.verify, "verify_run", lambda *_: (None, None))
+    monkeypatch.setattr(jobs.verify, "print_proof", lambda *_a, **_k: True)
+    args = train_lm.parser().parse_args([
+        "--demo", "--db", str(tmp_path / "db"), "--storage-path", str(tmp_path / "s"),
+        "--num-splits", "8", "--global-batch", "16", "--block-len", "32", "--vocab", "64",
+        "--checkpoint-every", "2", "--seed", "3", "--blocks-per-epoch", "64",
+        "--max-failures", "1"])
+    train_lm.demo(args)
+    assert len(calls) == 2
+    for argv in calls:
+        for flag, value in [("--num-splits", "8"), ("--global-batch", "16"),
+                            ("--block-len", "32"), ("--vocab", "64"),
+                            ("--checkpoint-every", "2"), ("--seed", "3"),
+                            ("--blocks-per-epoch", "64"), ("--max-failures", "1")]:
+            assert argv[argv.index(flag) + 1] == value, (flag, argv)
