@@ -1,9 +1,15 @@
-"""Train a small PyTorch model with Ray Train's TorchTrainer on a Lance table, exactly once.
+r"""Train a small PyTorch model with Ray Train's TorchTrainer on a Lance table, exactly once.
 
-    ray job submit --working-dir . -- python -m jobs.train --db runs/demo/db --workers 2
+    python -m jobs.make_table --db runs/demo/db                 # the table, once
     python -m jobs.train --db runs/demo/db --workers 2 --crash-at-step 30 --stop-at-step 60
     python -m jobs.train --db runs/demo/db --workers 4          # resumes the same run
-    python -m jobs.train --db runs/demo/db --min-workers 2 --workers 4 --resize-interval 5
+    python -m jobs.train --db runs/demo/db --name elastic-run --min-workers 2 --workers 4 \
+        --num-splits 12 --global-batch 48 --resize-interval 5  # elastic: a run of its own
+    ray job submit --address "$(cluster/local.sh address)" --working-dir . -- \
+        python -m jobs.train --db "$PWD/runs/demo/db" --storage-path "$PWD/runs/demo/storage"
+
+A job from ``ray job submit --working-dir .`` runs in a copy of the working dir, so give it
+absolute paths (``$PWD/...``, expanded by your shell) for the table and the run storage.
 
 Every rank logs the sample ids of each global step under ``<storage>/<name>/samples`` so
 ``jobs/verify.py`` can prove that the final model saw every sample exactly once. Re-running
@@ -174,6 +180,20 @@ def connect(address: str | None) -> None:
         ray.init(address="local", num_cpus=2, resources={"slot": 8}, include_dashboard=False)
 
 
+def open_table(db_uri: str, name: str) -> Any:
+    """The run's table; a missing one exits naming the database and how to create it."""
+    try:
+        return lancedb.connect(db_uri).open_table(name)
+    except ValueError as e:
+        if "not found" not in str(e):
+            raise
+    raise SystemExit(
+        f"no table {name!r} in the LanceDB database {db_uri}: create it with `python -m "
+        f"jobs.make_table --db {db_uri} --name {name}`, or pass the --db and --table that hold "
+        "it (a job from `ray job submit --working-dir .` runs in a copy of the working dir: "
+        "give it absolute paths, e.g. \"$PWD/runs/demo/db\")")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the training run; returns its final metrics."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -206,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     num_workers = args.workers if args.min_workers is None else (args.min_workers, args.workers)
     check_run_sizes(num_workers, args.num_splits, args.global_batch)
     connect(args.address)
-    table = lancedb.connect(db_uri).open_table(args.table)
+    table = open_table(db_uri, args.table)
     run = {"db": db_uri, "table": args.table,
            "num_splits": args.num_splits, "shuffle_seed": args.seed,
            "global_batch": args.global_batch, "table_version": table.version}

@@ -5,6 +5,7 @@ check must fire before a job connects to (or starts) a cluster."""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -87,6 +88,30 @@ def test_train_refuses_min_workers_above_workers(no_ray):
 def test_train_refuses_world_sizes_that_do_not_divide_num_splits(no_ray):
     with pytest.raises(SystemExit, match="do not divide num_splits"):
         train_job.main(["--min-workers", "2", "--workers", "4"])  # 3 does not divide 8
+
+
+def test_the_docstring_commands_parse_and_pass_the_size_checks(monkeypatch):
+    """Every ``python -m jobs.train`` line of the module docstring gets as far as connecting."""
+    monkeypatch.setattr(train_job, "connect", lambda *_: (_ for _ in ()).throw(Connected()))
+    doc = train_job.__doc__.replace("\\\n", " ")  # one line a command
+    lines = [ln.split("python -m jobs.train", 1)[1].split("#")[0].split()
+             for ln in doc.splitlines() if "python -m jobs.train " in ln]
+    assert len(lines) >= 4, lines
+    for argv in lines:
+        argv = [a.replace('"$PWD/', "").rstrip('"') for a in argv]
+        with pytest.raises(Connected):
+            train_job.main(argv)
+    # A submitted job runs in a copy of the working dir: its paths must be absolute.
+    submitted = [ln for ln in doc.splitlines() if "ray job submit" in ln]
+    assert submitted and all(re.search(r"(?<!\$PWD/)\bruns/", ln) is None for ln in submitted)
+
+
+def test_a_missing_table_names_the_database_and_how_to_create_it(tmp_path):
+    db = str(tmp_path / "db")
+    with pytest.raises(SystemExit) as e:
+        train_job.open_table(db, "demo")
+    msg = str(e.value.code)
+    assert db in msg and "'demo'" in msg and "python -m jobs.make_table" in msg, msg
 
 
 # --- jobs/make_table.py -----------------------------------------------------------------
