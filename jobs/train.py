@@ -194,8 +194,7 @@ def open_table(db_uri: str, name: str) -> Any:
         "give it absolute paths, e.g. \"$PWD/runs/demo/db\")")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run (or resume) the training run; returns its final metrics."""
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", default="runs/demo/db")
     p.add_argument("--table", default="demo")
@@ -215,7 +214,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_run_arguments(p, checkpoint_every=20)
     p.add_argument("--local-mode", action="store_true",
                    help="run the loop in this process (ScalingConfig(num_workers=0))")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) the training run; returns its final metrics."""
+    args = parser().parse_args(argv)
     if args.local_mode:
         args.workers = 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 
 import pytest
 
@@ -181,3 +182,48 @@ def test_train_lm_demo_forwards_the_run_settings_to_its_jobs(tmp_path, monkeypat
                             ("--checkpoint-every", "2"), ("--seed", "3"),
                             ("--blocks-per-epoch", "64"), ("--max-failures", "1")]:
             assert argv[argv.index(flag) + 1] == value, (flag, argv)
+
+
+# --- the docs' shell recipes ------------------------------------------------------------
+
+def doc_commands(module: str) -> list[tuple[str, list[str]]]:
+    """``(page, argv)`` of every complete ``python -m <module>`` line (no ``...``) in the
+    bash blocks of README.md and docs/*.md, continuation lines joined."""
+    from tests.test_docs import PAGES, REPO, blocks
+
+    out = []
+    for page in PAGES:
+        for info, _, code, _ in blocks(page):
+            if info != "bash":
+                continue
+            for ln in code.replace("\\\n", " ").splitlines():
+                cmd = ln.split("#")[0]
+                if f"python -m {module} " in cmd and "..." not in cmd:
+                    out.append((str(page.relative_to(REPO)),
+                                shlex.split(cmd.split(f"python -m {module} ", 1)[1])))
+    return out
+
+
+def test_the_docs_train_commands_are_valid_and_one_name_keeps_one_plan():
+    """A run's name (under one storage path) is one run: a second recipe that reused it with
+    another plan would be refused ("started with other settings") by the first's run.json."""
+    commands = doc_commands("jobs.train")
+    assert any(page == "docs/elastic.md" for page, _ in commands), commands
+    plans: dict[tuple[str, str, str], set] = {}
+    names: dict[tuple[str, str], set] = {}
+    for page, argv in commands:
+        a = train_job.parser().parse_args(argv)
+        check_run_sizes(a.workers if a.min_workers is None else (a.min_workers, a.workers),
+                        a.num_splits, a.global_batch)
+        plans.setdefault((page, a.storage_path, a.name), set()).add(
+            (a.db, a.table, a.num_splits, a.global_batch, a.seed))
+        names.setdefault((page, a.storage_path), set()).add(a.name)
+    assert all(len(p) == 1 for p in plans.values()), plans
+    # Each recipe's verify / plot_run names a run that a recipe of the page trained.
+    for module in ("jobs.verify", "jobs.plot_run"):
+        for page, argv in doc_commands(module):
+            a = argparse.ArgumentParser()
+            a.add_argument("--storage-path", default="runs/demo/storage")
+            a.add_argument("--name", default="demo-run")
+            got, _ = a.parse_known_args(argv)
+            assert got.name in names.get((page, got.storage_path), set()), (page, argv, names)
