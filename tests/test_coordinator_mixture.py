@@ -231,6 +231,12 @@ def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, 
     with pytest.raises(ValueError, match="integer shuffle_seed"):
         Coordinator.create(sources, "mix_refused", storage_path=str(tmp_path), world_size=1,
                            shuffle_seed=None)
+    with pytest.raises(ValueError, match="sources 0 and 3 are the same table"):
+        Coordinator.create([*sources, Source(tables[0])], "mix_refused",
+                           storage_path=str(tmp_path), world_size=1)
+    for name in ("mix_refused", "mix_refused.source0"):  # nothing of it was left alive
+        with pytest.raises(ValueError, match="no coordinator named"):
+            Coordinator.get(name)
     with pytest.raises(ValueError, match="stop is a mixture's argument"):
         Coordinator.create(tables[0], "mix_refused", storage_path=str(tmp_path),
                            world_size=1, stop="all_exhausted")
@@ -333,3 +339,8 @@ def test_a_packed_mixture_over_the_coordinator_packs_and_resizes_as_the_checkpoi
     # The carries first, then the rest, as resumed: read through two DataLoader workers.
     loader = lance_ray.StreamingDataLoader(one, 2, num_workers=2)
     assert [b["input_ids"].tolist() for b in loader] == blocks(alone)
+    # Its stored run is a packed one of 16 tokens: a new job with other packing (the same
+    # sources) must not adopt its progress.
+    coord.kill()
+    with pytest.raises(Exception, match="another mixture"):
+        make("mix_packed", 1, of=token_tables, columns=["tokens"], **{**pack, "pad_id": 3})

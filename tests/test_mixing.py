@@ -32,6 +32,12 @@ def mixture(tables, weights, *, rank=0, world_size=1, num_splits=4, stop="first_
                           world_size=world_size, stop=stop, columns=["id"], reader=reader, **kw)
 
 
+def distinct(table_factory, sizes) -> list:
+    """One table per size; a repeated size gets another table (more fragments), since a
+    mixture refuses a table listed twice."""
+    return [table_factory(n, fragments=2 + sizes[:i].count(n)) for i, n in enumerate(sizes)]
+
+
 def samples(batch) -> list[tuple[int, int]]:
     return list(zip(batch["source"].tolist(), batch["id"].tolist()))
 
@@ -69,7 +75,7 @@ sizes_st = st.lists(st.sampled_from(SIZES), min_size=3, max_size=3)
        st.sampled_from(["first_exhausted", "all_exhausted"]))
 def test_every_rank_holds_each_source_within_one_sample_of_its_share(
         table_factory, weights, sizes, world_size, batch_size, stop):
-    tables = [table_factory(n) for n in sizes[:len(weights)]]
+    tables = distinct(table_factory, sizes[:len(weights)])
     for rank in range(world_size):
         ds = mixture(tables, weights, rank=rank, world_size=world_size, stop=stop)
         got = flat(run(ds, batch_size))
@@ -98,7 +104,7 @@ def test_same_arguments_give_the_same_sequence_whatever_the_reader(table_factory
 @given(weights_st, sizes_st, st.sampled_from([1, 2, 4]), st.integers(1, 9))
 def test_first_exhausted_never_repeats_and_ends_on_every_rank_at_one_step(
         table_factory, weights, sizes, world_size, batch_size):
-    tables = [table_factory(n) for n in sizes[:len(weights)]]
+    tables = distinct(table_factory, sizes[:len(weights)])
     lengths, everything = set(), []
     exhausted = False
     for rank in range(world_size):
@@ -120,7 +126,7 @@ def test_first_exhausted_never_repeats_and_ends_on_every_rank_at_one_step(
 @given(weights_st, sizes_st, st.sampled_from([1, 2]), st.integers(1, 9))
 def test_all_exhausted_reads_every_source_whole_and_repeats_only_after_that(
         table_factory, weights, sizes, world_size, batch_size):
-    tables = [table_factory(n) for n in sizes[:len(weights)]]
+    tables = distinct(table_factory, sizes[:len(weights)])
     lengths = set()
     for rank in range(world_size):
         ds = mixture(tables, weights, rank=rank, world_size=world_size, stop="all_exhausted")
@@ -143,7 +149,7 @@ def test_all_exhausted_reads_every_source_whole_and_repeats_only_after_that(
        st.sampled_from(["first_exhausted", "all_exhausted"]))
 def test_a_state_taken_at_any_batch_resumes_the_same_sequence(
         table_factory, weights, sizes, batch_size, at, stop):
-    tables = [table_factory(n) for n in sizes[:len(weights)]]
+    tables = distinct(table_factory, sizes[:len(weights)])
     whole = run(mixture(tables, weights, world_size=2, rank=1, stop=stop), batch_size)
     assume(at <= len(whole))
     ds = mixture(tables, weights, world_size=2, rank=1, stop=stop)
@@ -188,7 +194,7 @@ def _pass_part(ds_state, rank, world_size, source) -> int:
        st.sampled_from(["first_exhausted", "all_exhausted"]))
 def test_merged_states_resume_on_any_world_size_each_remaining_sample_once(
         table_factory, weights, sizes, old_ws, new_ws, batch_size, at, stop):
-    tables = [table_factory(n) for n in sizes[:len(weights)]]
+    tables = distinct(table_factory, sizes[:len(weights)])
     old = [mixture(tables, weights, rank=r, world_size=old_ws, stop=stop)
            for r in range(old_ws)]
     assume(at * batch_size <= len(old[0]))
@@ -338,6 +344,30 @@ def test_bad_arguments_are_named(table_factory):
     # "raise" is the default, and saying so is accepted.
     explicit = mixture([a], [1], on_transform_error="raise")
     assert flat(run(explicit, 8)) == flat(run(mixture([a], [1]), 8))
+
+
+def test_sources_that_cannot_mix_exactly_are_refused_naming_the_fix(table_factory, tmp_path):
+    """A random seed per source (shuffle_seed=None), a source listed twice (its rows would
+    come twice), or a column of another type in another source (silently promoted) would
+    each break the mixture's contract: all are refused when it is made."""
+    import lancedb
+    import numpy as np
+    import pyarrow as pa
+
+    a, b = table_factory(40), table_factory(64)
+    with pytest.raises(ValueError, match="one plan seed.*shuffle_seed, got None"):
+        MixtureDataset([Source(a), Source(b)], shuffle_seed=None, columns=["id"])
+    with pytest.raises(ValueError, match="sources 0 and 2 are the same table.*sum of their"):
+        MixtureDataset([Source(a), Source(b), Source(a, weight=2)], columns=["id"])
+    other = lancedb.connect(str(tmp_path)).create_table(
+        "narrow", pa.table({"id": np.arange(40, dtype=np.int32)}))
+    with pytest.raises(ValueError, match="column 'id' is int64 in source 0 but int32 in "
+                                         "source 1"):
+        MixtureDataset([Source(a), Source(other)], columns=["id"])
+    # The same table under another filter is another source.
+    halves = MixtureDataset([Source(a, filter="id < 20"), Source(a, filter="id >= 20")],
+                            columns=["id"], reader="local")
+    assert sorted(i for _, i in flat(run(halves, 8))) == list(range(40))
 
 
 def test_set_epoch_starts_the_mixture_epoch_over_and_the_next_epoch_follows(table_factory):

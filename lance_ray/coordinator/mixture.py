@@ -81,8 +81,12 @@ class MixtureCoordinatorActor:
     # ----------------------------------------------------------------- durability
 
     def _config(self) -> dict[str, Any]:
-        return {"sources": list(self._run.sources), "epoch": self._run.epoch,
-                "meta": self._run.meta}
+        """What a stored run must match to be this run's (its packing too: its states are
+        of another format and its blocks hold other tokens). An unpacked run stores no
+        ``pack``, as before packed mixtures existed, so such a store still recovers."""
+        run = self._run
+        return {"sources": list(run.sources), "epoch": run.epoch, "meta": run.meta,
+                **({} if run.pack is None else {"pack": run.pack})}
 
     def _recover(self) -> None:
         if not storage.exists(self._path, **self._io):

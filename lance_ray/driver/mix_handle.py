@@ -11,9 +11,15 @@ from typing import Any
 import ray
 
 from .. import storage
-from ..checks import is_int
 from ..coordinator.mixture import MixtureCoordinatorActor
-from ..state.mixture import STOPS, MixtureRun, mixture_meta, source_meta
+from ..state.mixture import (
+    STOPS,
+    MixtureRun,
+    check_distinct_sources,
+    mixture_meta,
+    mixture_seed,
+    source_meta,
+)
 from ..state.reporting import ReportPolicy
 from ..stream.mixing import integer_weights
 from ..topology import splits_per_rank
@@ -45,9 +51,7 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
     takes them."""
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}, got {stop!r}")
-    if not is_int(shuffle_seed):
-        raise ValueError("a mixture's sources share one plan seed: pass an integer "
-                         f"shuffle_seed, got {shuffle_seed!r}")
+    shuffle_seed = mixture_seed(shuffle_seed)
     weights = integer_weights([s.weight for s in sources])
     if pack is not None:  # MixtureDataset's own validation: one token column, integer ids
         columns = pack.pop("columns", None)
@@ -65,6 +69,8 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
                 storage_options=storage_options, namespace=namespace, detached=detached,
                 storage_retry=storage_retry, report_policy=policy, **plan_kwargs))
         described = ray.get([c.handle.describe.remote() for c in made])
+        check_distinct_sources([(t.uri, t.version, s.filter)
+                                for s, (t, _) in zip(sources, described)])
         rows = ray.get([c.handle.rows.remote() for c in made])
         short = [i for i, r in enumerate(rows) if r < num_splits]
         if short:

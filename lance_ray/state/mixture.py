@@ -83,6 +83,28 @@ def mixture_meta(sources: Sequence[dict[str, Any]], weights: Sequence[int], stop
             "stop": stop, "num_splits": num_splits, "shuffle_seed": shuffle_seed}
 
 
+def mixture_seed(shuffle_seed: object) -> int:
+    """``shuffle_seed`` of a mixture: one integer that every source's plan shares (a random
+    one, drawn per source, would give states that no other mixture can load)."""
+    if not is_int(shuffle_seed) or shuffle_seed < 0:
+        raise ValueError("a mixture's sources share one plan seed: pass a non-negative "
+                         f"integer shuffle_seed, got {shuffle_seed!r}")
+    return shuffle_seed
+
+
+def check_distinct_sources(keys: Sequence[tuple[str, int, str | None]]) -> None:
+    """Refuse a source listed twice: the same ``(table URI, version, filter)`` would
+    deliver each of its rows twice per pass."""
+    seen: dict[tuple[str, int, str | None], int] = {}
+    for i, key in enumerate(keys):
+        if key in seen:
+            raise ValueError(
+                f"sources {seen[key]} and {i} are the same table, version and filter "
+                f"({key[0]!r} at version {key[1]}, filter {key[2]!r}), so each of its rows "
+                "would be delivered twice; list it once, with the sum of their weights")
+        seen[key] = i
+
+
 def phase_step(state: dict[str, Any], rank: int, world_size: int) -> int | None:
     """The step at which rank ``rank`` of ``world_size`` continues the state's phase, or None
     when it starts a new phase (another world size, or ranks' steps unknown)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from ..read.convert import Columns, Ragged, gather_rows
 from ..read.items import as_items
 from ..read.requests import NO_COST, ReadCost
 from ..stream.mixing import Schedule
+
+if TYPE_CHECKING:
+    from .dataset import StreamingDataset
 
 SOURCE_KEY = "source"
 # A batch column up to this size is joined before its one scatter (the copy is cheaper
@@ -278,3 +281,26 @@ def mixed_batch(parts: Sequence[list[Any]], sources: np.ndarray,
     from torch.utils.data import default_collate
 
     return default_collate(items)
+
+
+def check_same_columns(views: Sequence[StreamingDataset]) -> None:
+    """Refuse sources that read different columns or one column at different Arrow types:
+    a batch column holds the rows of every source, and promoting one type to the other
+    (``int32`` to ``int64``, integers to floats) would silently change what the model
+    sees. A transform's items are collated as it returns them."""
+    if views[0]._reads.transform is not None:
+        return
+    read = []
+    for v in views:
+        schema = v._table.schema()
+        read.append({n: schema.field(n).type for n in v._reads.columns or schema.names})
+    for i, cols in enumerate(read[1:], 1):
+        if cols.keys() != read[0].keys():
+            raise ValueError(f"sources 0 and {i} have different columns {sorted(read[0])} "
+                             f"and {sorted(cols)}; pass columns=[...] that every source has")
+        for name, kind in cols.items():
+            if kind != read[0][name]:
+                raise ValueError(
+                    f"column {name!r} is {read[0][name]} in source 0 but {kind} in source "
+                    f"{i}; a batch column holds one type: cast it in the tables, or in a "
+                    "transform")

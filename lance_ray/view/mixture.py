@@ -26,9 +26,11 @@ from ..state.merge import merge_state_dicts
 from ..state.mixture import (
     PACK_KEY,
     STOPS,
+    check_distinct_sources,
     check_mixture_compatible,
     make_mixture_state,
     mixture_meta,
+    mixture_seed,
     parse_mixture,
     phase_step,
     rank_own,
@@ -39,6 +41,7 @@ from ..stream.mixing import Schedule, integer_weights
 from .dataset import StreamingDataset
 from .iteration import Lease, leased
 from .mix_attach import MixtureLink, attach
+from .mix_batches import check_same_columns
 from .mix_pack import TokenPacker, blocks, carries_for, pack_config
 from .mix_reading import MixProgress
 
@@ -114,6 +117,7 @@ class MixtureDataset(IterableDataset):
             raise ValueError(f"MixtureDataset does not take {sorted(refused)}: a mixture's "
                              "transform must not drop rows (on_transform_error='raise')")
         positive_int("world_size", world_size)
+        shuffle_seed = mixture_seed(shuffle_seed)
         weights = integer_weights([s.weight for s in sources])
         num_splits = world_size if num_splits is None else num_splits
 
@@ -142,6 +146,9 @@ class MixtureDataset(IterableDataset):
             raise ValueError(f"source(s) {empty} give rank {rank} no samples (no rows after "
                              f"the filter, or fewer than num_splits={num_splits}); remove them "
                              "or lower num_splits")
+        check_distinct_sources([(v._table.uri, v._table.version, f)
+                                for v, f in zip(views, filters)])
+        check_same_columns(views)
         self._pack, self._link = pack, link  # link: the coordinator of an attached view
         for v, w in zip(views, weights):  # the first batch waits for one table's first read
             v._reads.sizing = replace(v._reads.sizing, first_share=w / sum(weights))
@@ -385,3 +392,4 @@ def _restart(view: StreamingDataset, epoch: int) -> None:
         view._install_plan(view._spec, view._plan)
     else:
         view.set_epoch(epoch)
+
