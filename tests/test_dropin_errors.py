@@ -149,6 +149,41 @@ def test_a_rank_state_that_is_not_lockstep_still_names_its_rank(table):
     assert "lockstep" not in states[0]["lance_ray"]
 
 
+def test_one_ranks_reference_state_is_not_taken_for_every_ranks_progress(table):
+    """lancedb's rank state holds only lower bounds for the other ranks' splits. Loaded as
+    it is, it resumes its own rank exactly, but a state taken later must not derive the
+    other ranks' progress from it (a lockstep state would claim those bounds, and a resume
+    would repeat the samples above them): it stays this rank's own state, to be merged."""
+    from lancedb.streaming import StreamingDataset as Reference
+
+    args = {"num_splits": SPLITS, "shuffle_seed": 42}
+    refs = [Reference(table, rank=r, world_size=2, **args) for r in range(2)]
+    its = [iter(r) for r in refs]
+    for it in its:  # 7 each: rank 0's state is [1 x 6 or 2] and the others' lower bounds
+        for _ in range(7):
+            next(it)
+    ref_states = [r.state_dict() for r in refs]
+    assert len(set(ref_states[0]["samples_consumed_per_split"])) > 1
+    states = []
+    for rank, (it, ref_state) in enumerate(zip(its, ref_states)):  # each rank migrates
+        resumed = ours(table, rank=rank, world_size=2)
+        resumed.load_state_dict(ref_state)
+        again = iter(resumed)
+        assert [next(again)["id"] for _ in range(5)] == [next(it)["id"] for _ in range(5)]
+        states.append(resumed.state_dict())
+        assert (states[-1]["lance_ray"]["rank"], "lockstep" in states[-1]["lance_ray"]) == \
+            (rank, False)
+    rest = ours(table)
+    rest.load_state_dict(lance_ray.merge_state_dicts(states))
+    assert sorted(r["id"] for r in rest) == sorted(r["id"] for it in its for r in it)
+    # A reference state at one count on every split, nothing skipped, is every rank's.
+    uniform = {**ref_state, "samples_consumed_per_split": [3] * SPLITS,
+               "positions_consumed_per_split": [3] * SPLITS}
+    resumed.load_state_dict(uniform)
+    next(iter(resumed))
+    assert resumed.state_dict()["lance_ray"]["lockstep"] is True
+
+
 def test_merge_refuses_conflicting_exact_claims_and_takes_the_maximum_of_reference_states(
         table):
     base = ours(table, num_splits=2, shuffle=False).state_dict()

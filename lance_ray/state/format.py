@@ -76,6 +76,16 @@ class Progress:
         """True when any rank of any valid world size may resume from this state alone."""
         return self.is_complete or self.lockstep
 
+    @property
+    def exact_everywhere(self) -> bool:
+        """Whether every split's entry is exact, so that a view may derive any rank's
+        progress from it (a lockstep origin). A reference-format state does not say: one
+        rank's holds only lower bounds for the other ranks' splits. It counts only at one
+        count on every split with nothing skipped, where ranks in lockstep all are."""
+        if self.world_size is None:
+            return len(set(self.samples)) <= 1 and self.samples == self.positions
+        return self.loadable_anywhere
+
 
 def make_state(
     identity: PlanIdentity,

@@ -185,7 +185,7 @@ class RowMode:
         st.check_loadable_on(progress, view._topology)
         view._new_cursor(list(progress.samples), list(progress.positions),
                          batches=progress.global_step or 0,
-                         origin=progress.loadable_anywhere)
+                         origin=progress.exact_everywhere)
 
     def _commit(self, samples: int, batches: int = 0) -> None:
         view = self.view
