@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from . import storage
+from .checks import positive_int
 from .coordinator.client import DEFAULT_NAMESPACE
 from .driver.handle import Coordinator
 from .state.jsonio import load_state, save_state
@@ -69,7 +70,14 @@ def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int,
     steps differ from an uninterrupted run's.
     """
     lo, hi = (num_workers, num_workers) if isinstance(num_workers, int) else num_workers
-    bad = [w for w in range(max(lo, 1), hi + 1) if num_splits % w]
+    positive_int("num_workers", lo)
+    positive_int("num_workers", hi)
+    positive_int("num_splits", num_splits)
+    positive_int("global_batch", global_batch, allow_none=True)
+    if lo > hi:
+        raise ValueError(f"num_workers={num_workers!r}: the minimum world size is above the "
+                         "maximum; pass (min, max)")
+    bad = [w for w in range(lo, hi + 1) if num_splits % w]
     if bad:
         raise ValueError(
             f"world sizes {bad} in num_workers={num_workers!r} do not divide num_splits "
@@ -77,8 +85,8 @@ def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int,
             "the range or choose a more composite num_splits (e.g. 48 or 60)"
         )
     if global_batch is not None and global_batch % num_splits:
-        fits = [d for d in range(max(hi, 1), global_batch + 1)
-                if global_batch % d == 0 and all(d % w == 0 for w in range(max(lo, 1), hi + 1))]
+        fits = [d for d in range(hi, global_batch + 1)
+                if global_batch % d == 0 and all(d % w == 0 for w in range(lo, hi + 1))]
         raise ValueError(
             f"global_batch ({global_batch}) is not a multiple of num_splits ({num_splits}): "
             "each step would take more samples from some splits than from others, so after "

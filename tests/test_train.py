@@ -60,6 +60,15 @@ def test_world_sizes_that_cannot_divide_num_splits_are_refused_before_training()
     check_world_sizes(6, 12)
     with pytest.raises(ValueError, match=r"sizes \[3\].*valid world sizes are \[1, 2, 4, 8\]"):
         check_world_sizes((2, 4), 8)
+    for bad, name in ((0, "num_workers"), ((0, 2), "num_workers"), ((-1, 2), "num_workers")):
+        with pytest.raises(ValueError, match=name):
+            check_world_sizes(bad, 8)
+    with pytest.raises(ValueError, match="minimum world size is above the maximum"):
+        check_world_sizes((4, 2), 8)
+    for splits, batch, name in ((0, None, "num_splits"), (8, 0, "global_batch"),
+                                (8, -8, "global_batch")):
+        with pytest.raises(ValueError, match=name):
+            check_world_sizes(2, splits, global_batch=batch)
 
 
 def test_a_run_on_s3_crashes_and_resumes_on_another_world_size_exactly_once(ray_session, s3):
