@@ -40,6 +40,7 @@ from ray.train.torch import TorchTrainer
 
 import lance_ray
 import lance_ray.train as lt
+from jobs.train import worker_resources
 
 logger = logging.getLogger("train_mixture")
 SOURCES = (("web", 7), ("code", 2), ("math", 1))
@@ -126,7 +127,6 @@ def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
             coordinator: str | None = None) -> dict[str, Any]:
     """One Ray job of the run: trains until ``stop_at_step`` (0: the epoch's end)."""
     lt.check_world_sizes(workers, num_splits)
-    slots = ray.cluster_resources().get("slot", 0)
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"db": str(workdir / "db"), "versions": versions,
@@ -137,7 +137,7 @@ def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
                            "coordinator": coordinator},
         scaling_config=ray.train.ScalingConfig(
             num_workers=workers,
-            resources_per_worker={"slot": 1} if slots >= workers else {"CPU": 0.25}),
+            resources_per_worker=worker_resources(workers)),
         run_config=ray.train.RunConfig(
             name=name, **lt.run_storage(workdir / "storage"),
             failure_config=ray.train.FailureConfig(max_failures=2),
