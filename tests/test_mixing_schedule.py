@@ -180,3 +180,22 @@ def test_a_run_of_batches_assembled_at_once_gives_the_batches_made_one_by_one(
                 a, b = out[key], want[key]
                 assert (a.tolist() if isinstance(a, torch.Tensor) else a) == \
                     (b.tolist() if isinstance(b, torch.Tensor) else b), key
+
+
+@settings(max_examples=200, deadline=None)
+@given(weights_st, st.integers(1, 300))
+def test_step_bounds_hold_every_draw(weights, count):
+    s = Schedule(weights)
+    for i in range(len(s.weights)):
+        lo, hi = s.step_bounds(i, count)
+        assert lo <= s.step_of(i, count) <= hi
+
+
+def test_a_tiny_weight_far_from_the_end_is_never_walked_to():
+    """A source drawn once in a billion steps, with many samples left, cannot end a phase
+    that another source ends within 100 steps: the end is found without walking the
+    schedule to that source's next draw (a billion steps)."""
+    s = Schedule(integer_weights([1e-9, 1]))
+    assert s.period == 10**9 + 1
+    assert end_step(s, [10**6, 100], stop="first_exhausted") == s.step_of(1, 101) == 100
+    assert end_step(s, [0, 100], stop="all_exhausted") == 100

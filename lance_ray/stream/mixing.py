@@ -147,6 +147,12 @@ class Schedule:
             k += steps
         return np.asarray(out, dtype=np.int64)
 
+    def step_bounds(self, source: int, count: int) -> tuple[int, int]:
+        """``(lo, hi)`` with ``lo <= step_of(source, count) <= hi``, without walking: every
+        prefix of ``k`` steps holds ``k·w/W`` draws of the source, to within one."""
+        w = self.weights[source]
+        return (count - 1) * self.period // w - 1, -(-(count + 1) * self.period // w)
+
     def step_of(self, source: int, count: int) -> int:
         """The step at which source ``source`` draws its ``count``-th sample (1-based):
         the smallest ``k`` with ``counts(k)[source] == count``, minus one.
@@ -178,11 +184,21 @@ def end_step(schedule: Schedule, remaining: Sequence[int], *, stop: str, start: 
     that runs out before then starts its next pass, so it never limits the phase).
     """
     counts = schedule.counts(start)
+    # Only the sources whose bounds let them decide the end are located exactly: in a long
+    # period (a tiny weight), locating a draw walks the schedule up to it, and a draw far
+    # beyond the end would cost a walk far longer than the phase.
     if stop == "first_exhausted":
-        return min(schedule.step_of(i, c + r + 1) for i, (c, r) in
-                   enumerate(zip(counts, remaining)))
+        draws = [(i, c + r + 1) for i, (c, r) in enumerate(zip(counts, remaining))]
+        bounds = [schedule.step_bounds(i, n) for i, n in draws]
+        cap = min(hi for _, hi in bounds)
+        return min(schedule.step_of(i, n) for (i, n), (lo, _) in zip(draws, bounds)
+                   if lo <= cap)
     if stop == "all_exhausted":
         whole = whole or [False] * len(remaining)
-        return max((schedule.step_of(i, c + r) + 1 for i, (c, r, w) in
-                    enumerate(zip(counts, remaining, whole)) if r and not w), default=start)
+        draws = [(i, c + r) for i, (c, r, w) in enumerate(zip(counts, remaining, whole))
+                 if r and not w]
+        bounds = [schedule.step_bounds(i, n) for i, n in draws]
+        floor = max((lo for lo, _ in bounds), default=0)
+        return max((schedule.step_of(i, n) + 1 for (i, n), (_, hi) in zip(draws, bounds)
+                    if hi >= floor), default=start)
     raise ValueError(f"stop must be 'first_exhausted' or 'all_exhausted', got {stop!r}")
