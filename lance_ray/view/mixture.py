@@ -285,7 +285,9 @@ class MixtureDataset(IterableDataset):
 
     @numpy_scalars_accepted
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state``; nothing changes unless the whole state is valid."""
+        """Resume from ``state``; the mixture's progress changes only if the whole state is
+        valid. A state refused once the sources' views took their parts (a phase its
+        sources do not bear out) still supersedes a live iterator: create a new one."""
         mix = parse_mixture(state)
         check_mixture_compatible(mix, self._meta)
         if (PACK_KEY in state) != (self._pack is not None):
