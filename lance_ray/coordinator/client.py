@@ -135,9 +135,9 @@ class CoordinatorPlans:
         self._world_size = topology.world_size
         return state
 
-    def check_current(self, *, rows: bool = False) -> None:
+    def check_current(self) -> None:
         watch = self._watch
-        seen = None if watch is None else watch.newer(rows=rows)
+        seen = None if watch is None else watch.newer()
         if watch is not None and seen is not None:
             raise lg.StaleReport(
                 f"the coordinator was resized since this view of world size "

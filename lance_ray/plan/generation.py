@@ -21,15 +21,12 @@ import logging
 import os
 import struct
 import tempfile
-import time
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 RECORD = struct.Struct("<QQ")
 CHECK = 0x5A17_C0DE_5EED_F00D
-# Per-sample deliveries poll at most this often (a batch delivery always polls).
-ROW_POLL_S = 0.002
 
 
 def file_name(coordinator_id: str) -> str:
@@ -69,16 +66,10 @@ class GenerationWatch:
     def __init__(self, name: str, generation: int):
         self.name, self.generation = name, generation
         self._fd: int | None = None
-        self._polled = 0.0
 
-    def newer(self, *, rows: bool = False) -> int | None:
-        """The published generation if it is newer than the view's, else None. ``rows``:
-        a per-sample delivery, which polls at most every ``ROW_POLL_S``."""
-        if rows:
-            now = time.monotonic()
-            if now - self._polled < ROW_POLL_S:
-                return None
-            self._polled = now
+    def newer(self) -> int | None:
+        """The published generation if it is newer than the view's, else None (one
+        ``pread``: cheap enough before every batch)."""
         if self._fd is None:
             try:
                 self._fd = os.open(node_path(self.name), os.O_RDONLY)

@@ -53,9 +53,9 @@ class PlanSource(Protocol):
         (None: the view resolves its own)."""
         ...
 
-    def check_current(self, *, rows: bool = False) -> None:
+    def check_current(self) -> None:
         """Raise ``StaleReport`` if the plan this view reads was replaced (a coordinator's
-        resize); called before each delivery (``rows``: a per-sample one), so it is cheap."""
+        resize); called before each delivery, so it is cheap."""
         ...
 
     def ahead(self, spec: PlanSpec, owned: Sequence[int]) -> None:
@@ -110,7 +110,7 @@ class LocalPlans:
     def pack_budget(self, epoch: int) -> int | None:
         return None
 
-    def check_current(self, *, rows: bool = False) -> None:
+    def check_current(self) -> None:
         return None
 
 

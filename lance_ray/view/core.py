@@ -173,15 +173,15 @@ class ViewCore:
         self._lease = lease
         return worker
 
-    def _check_generation(self, generation: int, *, rows: bool = False) -> None:
+    def _check_generation(self, generation: int) -> None:
         """Raise unless the iterator of ``generation`` may deliver: not superseded here, and
-        its plan not replaced by the coordinator (``rows``: a per-sample delivery)."""
+        its plan not replaced by the coordinator."""
         if generation != self._cursor.generation:
             raise RuntimeError(
                 "this iterator was superseded by load_state_dict() or set_epoch(); create "
                 "a new iterator to continue"
             )
-        self._plans.check_current(rows=rows)
+        self._plans.check_current()
         self._plan_ahead()
 
     def _plan_ahead(self) -> None:

@@ -281,7 +281,7 @@ class PackedMode:
                 blocks: int, cost: ReadCost, wait_s: float, batches: int) -> None:
         """Commit one handed-over batch of ``blocks`` (the packers' ``snapshot`` after it)."""
         view = self.view
-        view._check_generation(generation, rows=not batches)
+        view._check_generation(generation)
         self._live = (splits, snapshot)
         view._cursor.commit(0, batches)
         if batches and view._plans.wants_reports:

@@ -97,7 +97,7 @@ class Pass:
 
     def _deliver(self, size: int, cost: ReadCost, skipped: int, wait_s: float,
                  batches: int, survivors: list[tuple[int, int]] | None) -> None:
-        self.mode.view._check_generation(self.generation, rows=not batches)
+        self.mode.view._check_generation(self.generation)
         self.mode.delivered(size, cost, skipped, wait_s, batches=batches,
                             survivors=survivors)
 
