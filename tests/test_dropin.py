@@ -544,3 +544,25 @@ def test_a_collate_fn_that_raises_ends_the_iteration_at_its_batch_with_any_worke
     resumed = ours(table)
     resumed.load_state_dict(loader.state_dict())
     assert [i for b in resumed.iter_batches(10) for i in batch_ids(b)] == order[50:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_dataset_reaches_the_dataset_as_in_the_reference(table, num_workers):
+    """``loader.dataset`` answers for the dataset (the reference loader's adapter forwards
+    to it): its state, ``set_epoch`` for epoch hooks, its arguments; workers still start."""
+    from lancedb.streaming import StreamingDataLoader as RefLoader
+    from lancedb.streaming import StreamingDataset as Ref
+
+    ref = RefLoader(Ref(table, num_splits=SPLITS, shuffle_seed=SEED), batch_size=8)
+    loader = lance_ray.StreamingDataLoader(ours(table), 8, num_workers=num_workers)
+    for ldr in (ref, loader):
+        it = iter(ldr)
+        for _ in range(3):
+            next(it)
+        del it
+    assert loader.dataset.state_dict()["samples_consumed_per_split"] == \
+        ref.dataset.state_dict()["samples_consumed_per_split"] == \
+        loader.state_dict()["samples_consumed_per_split"]
+    assert (loader.dataset.num_splits, callable(loader.dataset.set_epoch)) == (SPLITS, True)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_of_that_name'"):
+        loader.dataset.nothing_of_that_name  # noqa: B018

@@ -380,6 +380,16 @@ def test_set_epoch_starts_the_mixture_epoch_over_and_the_next_epoch_follows(tabl
     assert flat(run(ds, 8)) == first
 
 
+def test_a_loaders_len_is_what_its_next_iteration_yields(table_factory):
+    """After an epoch, iterating starts the next one: len() says the next epoch's batches."""
+    loader = lance_ray.StreamingDataLoader(mixture([table_factory(n) for n in (64, 40)],
+                                                   [1, 1]), 8)
+    for _ in range(2):
+        expected = len(loader)
+        assert expected == sum(1 for _ in loader) > 0
+    assert (loader.dataset.epoch, loader.dataset.num_splits) == (1, 4)  # forwarded
+
+
 def test_set_epoch_of_the_current_epoch_keeps_a_resumed_position(table_factory):
     """The usual loop calls ``set_epoch(epoch)`` before each epoch, the resumed one too:
     as for a view, the epoch being read is a no-op, so nothing is read twice."""

@@ -406,10 +406,15 @@ def test_loader_over_an_exhausted_epoch_yields_the_next_epoch(table_factory):
     table = table_factory(250, 2)
     kw = {"num_splits": 4, "shuffle_seed": 8}
     loader = StreamingDataLoader(make(table, kw), 16)
-    first, second = loader_ids(loader), loader_ids(loader)
+    # len() is what the next iteration yields: after an epoch, the whole next epoch
+    assert len(loader) == 16
+    first = loader_ids(loader)
+    assert len(loader) == 16
+    second = loader_ids(loader)
     assert [i for b in first for i in b] == ids(make(table, kw))
     assert [i for b in second for i in b] == ids(make(table, kw, epoch=1))
     assert loader.streaming_dataset.epoch == 1
+    assert len(first) == len(second) == 16
 
 
 def test_set_epoch_switches_to_that_epochs_plan_from_its_start(table_factory):

@@ -55,6 +55,11 @@ class Mode(Stateful, Protocol):
     def remaining(self) -> int:
         """Samples (packed: blocks) this rank still has to yield in the current epoch."""
 
+    @property
+    def rolls_over(self) -> bool:
+        """Whether the next iteration starts the next epoch: this view read the current one
+        to its end (a state loaded at its end yields nothing instead)."""
+
     def items(self, lease: Lease) -> Iterator[Any]:
         """The view's ``__iter__``: one sample (block) at a time."""
 

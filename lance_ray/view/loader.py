@@ -20,7 +20,13 @@ from .iteration import Lease, leased, timed
 from .packed import PackedMode
 from .placement import loader_placement, placed
 from .reading import Pass
-from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
+from .workers import (
+    CallByValue,
+    ForwardsToDataset,
+    TravelsByValue,
+    unguarded_main_line,
+    worker_context,
+)
 
 
 class _Delivered(NamedTuple):
@@ -44,7 +50,7 @@ def _identity(x: Any) -> Any:
     return x
 
 
-class _BatchSource(TravelsByValue, IterableDataset):
+class _BatchSource(ForwardsToDataset, TravelsByValue, IterableDataset):
     """What each DataLoader worker iterates: its share of the rank's batches, collated.
 
     Batches travel in groups of ``group`` consecutive batches (one message each: torch's
@@ -218,6 +224,7 @@ class StreamingDataLoader(DataLoader):
         # iter_batches(device=); torch's own pinning is left off.
         self._placement = loader_placement(pin_memory, pin_memory_device)
         self._source = _BatchSource(batch_size, collate_fn)
+        self._source.forward_to(dataset)
         if num_workers > 0:
             self._choose_workers(kwargs)
         self._streaming_dataset = dataset
@@ -329,7 +336,10 @@ class StreamingDataLoader(DataLoader):
                 yield delivered.data
 
     def __len__(self) -> int:
-        n = self._streaming_dataset.samples_remaining
+        """Batches the next iteration yields: the rest of the epoch, or the whole next
+        epoch once this view read the current one to its end (iterating then starts it)."""
+        ds = self._streaming_dataset
+        n = len(ds) if ds.mode.rolls_over else ds.samples_remaining
         return -(-n // self._batch_size_samples)
 
     def state_dict(self) -> dict[str, Any]:

@@ -22,7 +22,13 @@ from ..read.requests import NO_COST, ReadCost
 from ..stream.order import RankStream, stream_for
 from .iteration import Lease, leased, timed
 from .mix_batches import MixBatch, mixed_batch
-from .workers import CallByValue, TravelsByValue, unguarded_main_line, worker_context
+from .workers import (
+    CallByValue,
+    ForwardsToDataset,
+    TravelsByValue,
+    unguarded_main_line,
+    worker_context,
+)
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -80,7 +86,7 @@ def later_passes(mix: MixtureDataset, plan: list[MixBatch]) -> dict[tuple[int, i
     return out
 
 
-class _MixtureBatches(TravelsByValue, IterableDataset):
+class _MixtureBatches(ForwardsToDataset, TravelsByValue, IterableDataset):
     """What each worker iterates: its share of the planned batches, read and collated."""
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any] | None):
@@ -149,6 +155,7 @@ class MixtureDataLoader(DataLoader):
                 raise ValueError(f"{banned} is not supported: the mixture decides the order")
         # A packed mixture's workers send its documents (item lists); this process packs.
         self._source = _MixtureBatches(list if dataset.packed else collate_fn)
+        self._source.forward_to(dataset)
         if num_workers > 0:
             line = unguarded_main_line()
             kwargs.setdefault("multiprocessing_context",
@@ -226,7 +233,11 @@ class MixtureDataLoader(DataLoader):
             run.close()
 
     def __len__(self) -> int:
-        return -(-self._mixture.samples_remaining // self._batch_size_samples)
+        """Batches the next iteration yields: the rest of the epoch, or the whole next
+        epoch once this mixture read the current one to its end (iterating then starts it)."""
+        run = self._mixture.progress
+        n = run.epoch_steps() if run.rolls_over else self._mixture.samples_remaining
+        return -(-n // self._batch_size_samples)
 
     def state_dict(self) -> dict[str, Any]:
         return self._mixture.state_dict()

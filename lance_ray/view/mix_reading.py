@@ -182,13 +182,24 @@ class MixProgress:
                 "or use stop='first_exhausted'")
 
     # ----------------------------------------------------------------------- reading
+    @property
+    def rolls_over(self) -> bool:
+        """Whether the next iteration starts the next epoch: this view read the current one
+        to its end (a state loaded at its end yields nothing instead)."""
+        at_end = self._step >= self._end
+        return not (at_end and self._loaded) and (self._ended or (at_end and self._step > 0)) \
+            and not self._tail()
+
+    def epoch_steps(self) -> int:
+        """Steps of a mixture epoch read from its start (every source at a fresh pass)."""
+        return end_step(self.schedule, [len(v) for v in self.views], stop=self.stop)
+
     def _roll_over(self) -> None:
         """Iterating an epoch this view read to its end starts the next one."""
         if self._step >= self._end and self._loaded:
             logger.info("rank %d has no samples left in mixture epoch %d; call set_epoch(%d) "
                         "to start the next one", self.rank, self._epoch, self._epoch + 1)
-        elif (self._ended or (self._step >= self._end and self._step > 0)) and \
-                not self._tail():
+        elif self.rolls_over:
             logger.info("mixture epoch %d is exhausted on rank %d; starting epoch %d",
                         self._epoch, self.rank, self._epoch + 1)
             self._next_epoch(self._epoch + 1)

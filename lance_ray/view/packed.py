@@ -139,6 +139,10 @@ class PackedMode:
         emitted = self.emitted()
         return len(self) - sum(emitted[s] for s in self.view._owned)
 
+    @property
+    def rolls_over(self) -> bool:
+        return self._ended
+
     def state_dict(self) -> dict[str, Any]:
         """The view's state in the reference's packed format."""
         view = self.view
@@ -218,7 +222,7 @@ class PackedMode:
         view = self.view
         view._refuse_concurrent(lease)
         spec = view._spec
-        if self._ended:
+        if self.rolls_over:
             logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
                         spec.epoch, view._rank, spec.epoch + 1)
             view.set_epoch(spec.epoch + 1)

@@ -155,6 +155,11 @@ class RowMode:
         cursor = self.view._cursor
         return len(cursor.stream()) - cursor.consumed
 
+    @property
+    def rolls_over(self) -> bool:
+        c = self.view._cursor
+        return c.ended or (self.remaining == 0 and c.consumed > 0)
+
     # ----------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The view's row-mode state (``StreamingDataset.state_dict`` says what it holds)."""
@@ -218,8 +223,7 @@ class RowMode:
         """
         view = self.view
         view._refuse_concurrent(lease)
-        c = view._cursor
-        if c.ended or (self.remaining == 0 and c.consumed > 0):
+        if self.rolls_over:
             logger.info("epoch %d is exhausted on rank %d; starting epoch %d",
                         view._spec.epoch, view._rank, view._spec.epoch + 1)
             view.set_epoch(view._spec.epoch + 1)

@@ -109,6 +109,29 @@ class TravelsByValue:
         return pickle.loads, (data,)
 
 
+class ForwardsToDataset:
+    """Mixin for what a loader hands torch as its ``dataset``: the attributes it lacks come
+    from the user's dataset (``loader.dataset.state_dict()``, ``set_epoch`` hooks), as the
+    reference loader's adapter gives them. The dataset stays in the trainer's process:
+    workers get a copy without it."""
+
+    _forward_to: Any = None
+
+    def forward_to(self, dataset: Any) -> None:
+        self._forward_to = dataset
+
+    def __getattr__(self, name: str) -> Any:  # only for names found nowhere else
+        target = self.__dict__.get("_forward_to")
+        if target is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(target, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_forward_to", None)
+        return state
+
+
 class CallByValue(TravelsByValue):
     """A callable (e.g. a user's ``worker_init_fn``) that travels by value."""
 
