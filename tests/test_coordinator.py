@@ -251,6 +251,30 @@ def test_a_checkpoint_state_dict_waits_until_its_step_is_recorded(coord_factory)
         assert sealed[key] == merged[key]
 
 
+def test_a_restart_keeps_every_recorded_report_and_checkpoint(coord_factory, table_1k):
+    """A rank's report of a step that has not sealed is acknowledged and never sent again:
+    a restarted coordinator must still hold it, or the epoch's last step never seals and a
+    resize delivers it again. A view's checkpoint (state_dict) is durable when it returns."""
+    coord = coord_factory("restart_pending", report_policy=ReportPolicy(every_batches=1))
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    iters = [v.iter_batches(GLOBAL_BATCH // 2) for v in views]
+    steps = step_views(iters)
+    last = len(steps)
+    del iters  # the last step again, one rank at a time, with a restart between them
+    coord.load_state_dict(coord.state_dict(step=last - 1))
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    iters = [v.iter_batches(GLOBAL_BATCH // 2) for v in views]
+    next(iters[0])
+    views[0].state_dict()  # recorded, and durable: the actor is killed right after
+    ray.kill(coord.handle, no_restart=False)
+    next(iters[1])
+    views[1].state_dict()
+    assert coord.state_dict()["lance_ray"]["global_step"] == last
+    assert [next(it, None) for it in iters] == [None, None]
+    coord.resize(1)  # nothing of the epoch is left to deliver again
+    assert list(coord.view(0, 1, reader="local").iter_batches(GLOBAL_BATCH)) == []
+
+
 def test_steps_sealed_before_a_restore_are_not_handed_out_after_it(coord_factory):
     """After restoring an earlier checkpoint, a later step of the abandoned progress is not
     sealed any more: state_dict(step=...) refuses it rather than hand out a state the

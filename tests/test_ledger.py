@@ -3,6 +3,8 @@ coalesced reports and the memory bound."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
@@ -226,3 +228,40 @@ def test_packed_progress_seals_blocks_and_buffer_lengths_per_split():
     with pytest.raises(ValueError, match="one sample and position list"):
         lg.record_batch(rows, lg.ReportBatch(0, 1, 0, [1], [[1, 1]], [[1, 1]], [[1, 1]],
                                              [[0, 0]]))
+
+
+def test_restoring_where_the_ledger_starts_keeps_reports_after_a_resize():
+    """Every rank of a group restarted on another world size restores the same checkpoint;
+    once the first has resized the ledger, the others' restores must not wipe its reports
+    (the sealed step still says the old world size, the checkpoint's may say either)."""
+    ledger = lg.Ledger(8, 2)
+    for rank in (0, 1):
+        lg.record(ledger, report_at(rank, 2, 8, 2))
+    checkpoint = ledger.sealed
+    assert checkpoint is not None and checkpoint.world_size == 2
+    assert lg.restore(ledger, checkpoint) is False
+    lg.resize(ledger, 4)
+    ahead = tuple(checkpoint.samples[k] + 1 for k in rank_splits(0, 4, 8))
+    lg.record(ledger, lg.RankReport(0, 4, 0, 3, ahead, ahead))
+    for restored in (checkpoint, replace(checkpoint, world_size=4)):
+        assert lg.restore(ledger, restored) is False
+        assert 3 in ledger.pending  # rank 0's report of step 3 is still there
+
+
+def test_pending_steps_survive_a_json_round_trip_and_still_seal():
+    """A restarted coordinator takes back the reports of steps that had not sealed: the
+    ranks that sent them were acknowledged and never send them again."""
+    import json
+
+    ledger = lg.Ledger(8, 2)
+    lg.record(ledger, report_at(0, 2, 6, 1))
+    lg.record(ledger, report_at(0, 2, 8, 2))
+    again = lg.Ledger(8, 2)
+    lg.restore_pending(again, json.loads(json.dumps(lg.pending_json(ledger))))
+    assert again == ledger
+    for led in (ledger, again):
+        lg.record(led, report_at(1, 2, 6, 1))
+        assert lg.record(led, report_at(1, 2, 8, 2)).step == 2
+    assert again.sealed == ledger.sealed
+    lg.restore_pending(again, None)  # a ledger written before pending steps were kept
+    assert again.pending == {}

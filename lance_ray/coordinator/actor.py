@@ -2,9 +2,10 @@
 
 It builds each epoch's plan once and serves every view only its own splits; it seals the
 progress of a global step once every rank has reported it, so a checkpoint is one
-consistent object; it persists sealed progress atomically (JSON) so that a restarted actor
-loses at most the last ``PERSIST_EVERY_S`` of seals and never a checkpoint's; and ``resize``
-redistributes the splits over a new world size.
+consistent object; it persists its progress atomically (JSON: the sealed step and the
+reports of steps not sealed yet, which their ranks never send again) so that a restarted
+actor loses at most the last ``PERSIST_EVERY_S`` of reports and never a checkpoint's; and
+``resize`` redistributes the splits over a new world size.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class CoordinatorActor:
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
         self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                      self._lock)
+        self._unsaved = False  # reports recorded since the last durable write
         # Resizes so far (persisted), and the nodes whose views must hear of the next one.
         self._generation = 0
         self._nodes: set[str] = set()
@@ -140,6 +142,7 @@ class CoordinatorActor:
         led = saved["ledger"]
         ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
                            _sealed_from_json(led["sealed"]), packed=self._packed is not None)
+        lg.restore_pending(ledger, led.get("pending"))
         if self._packed is not None:
             self._packed.load_json(saved["packed"], lambda name: storage.read_json(
                 storage.join(self._dir, name), **self._io))
@@ -154,11 +157,14 @@ class CoordinatorActor:
         """Write the ledger (seals through ``_write_seal``); ``durable`` adds an fsync, for
         states handed out as checkpoints."""
         led = self._ledger
+        if durable:
+            self._unsaved = False
         storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
             "config": self._config(),
             "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
-                       "epoch": led.epoch, "sealed": led.sealed and asdict(led.sealed)},
+                       "epoch": led.epoch, "sealed": led.sealed and asdict(led.sealed),
+                       "pending": lg.pending_json(led)},
             **({"packed": self._packed.to_json()} if self._packed is not None else {}),
             "generation": self._generation,
         }, fsync=durable, **self._io)
@@ -167,6 +173,14 @@ class CoordinatorActor:
         """Write the sealed progress now, durably (before a planned stop)."""
         with self._lock:
             self._persist(durable=True)
+
+    def persist_recorded(self) -> None:
+        """Make every report recorded so far durable (a view's checkpoint: its
+        ``state_dict()`` returns after this); one write serves every view whose reports
+        arrived before it."""
+        with self._lock:
+            if self._unsaved:
+                self._persist(durable=True)
 
     # ----------------------------------------------------------------- plan
 
@@ -249,6 +263,8 @@ class CoordinatorActor:
         rank, epoch, steps, samples = batch.rank, batch.epoch, batch.steps, batch.samples
         with self._lock:
             sealed = lg.record_batch(self._ledger, batch)
+            self._unsaved = True
+            self._write_seal.request()  # pending steps too: their ranks never resend them
             if steps and epoch == self._ledger.epoch:
                 newest = max(range(len(steps)), key=steps.__getitem__)
                 if steps[newest] > self._rank_progress.get(rank, (-1, 0))[0]:  # may overtake
@@ -259,7 +275,6 @@ class CoordinatorActor:
             for s in sealed:
                 self._history.add(s)
                 self._seal_times.append((now, sum(s.samples)))
-            self._write_seal.request()
             return sealed[-1].step
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
@@ -288,6 +303,11 @@ class CoordinatorActor:
                     "the coordinator needs a merged state covering every split; merge the "
                     "ranks' states with merge_state_dicts() first"
                 )
+            if not progress.exact_everywhere:  # a lancedb state names no rank: cannot tell
+                logger.warning(
+                    "loading a lancedb.streaming state as every rank's progress: if it is one "
+                    "rank's own (its other splits only lower bounds), the samples above them "
+                    "come again; merge the ranks' states with merge_state_dicts() first")
             self._restore(lg.Sealed(epoch, progress.global_step or 0, self._ledger.world_size,
                                     tuple(progress.samples), tuple(progress.positions)))
 

@@ -158,10 +158,13 @@ class CoordinatorPlans:
         self._reporter.add(report, final=final)
 
     def flush(self, *, wait: bool = True) -> None:
-        """Send the buffered reports; with ``wait``, until every report is acknowledged
-        (nothing to do before the handle is found: nothing was reported)."""
+        """Send the buffered reports; with ``wait``, until every report is recorded and
+        durable (a checkpoint's; nothing to do before the handle is found: nothing was
+        reported)."""
         if self._handle is not None:
             self._reporter.flush(wait=wait)
+            if wait:
+                _ray().get(self._handle.persist_recorded.remote())
 
     def set_epoch(self, epoch: int) -> None:
         self.check_current()  # a stale view never moves the live views' epoch

@@ -281,6 +281,24 @@ class History:
         return sealed
 
 
+def pending_json(ledger: Ledger) -> dict[str, object]:
+    """The pending steps as plain JSON data: reports a restarted coordinator still needs
+    (a rank whose report of a step was acknowledged never sends it again)."""
+    return {"newest": ledger.newest,
+            "steps": [[step, t.columns, sorted(t.ranks)]
+                      for step, t in sorted(ledger.pending.items())]}
+
+
+def restore_pending(ledger: Ledger, saved: dict | None) -> None:
+    """Take back the pending steps of :func:`pending_json` (none in a ledger written before
+    they were kept)."""
+    if not saved:
+        return
+    ledger.newest = saved["newest"]
+    ledger.pending = {step: StepTally([list(c) for c in columns], set(ranks))
+                      for step, columns, ranks in saved["steps"]}
+
+
 def resize(ledger: Ledger, world_size: int) -> Sealed:
     """Move to ``world_size``: views restart from the latest sealed step, pending is dropped."""
     splits_per_rank(ledger.num_splits, world_size)
@@ -304,8 +322,10 @@ def restore(ledger: Ledger, sealed: Sealed) -> bool:
 
     Restoring the progress the ledger already starts from is a no-op, so every rank of a
     restarted group may restore the same checkpoint without wiping the others' reports.
+    The world size a step was sealed at does not count: once the group's first rank has
+    resized the ledger, its sealed step still names the old one.
     """
-    if ledger.start() == replace(sealed, world_size=ledger.world_size):
+    if replace(ledger.start(), world_size=0) == replace(sealed, world_size=0):
         return False
     ledger.epoch = sealed.epoch
     ledger.sealed = sealed
