@@ -165,6 +165,24 @@ def test_a_restarted_view_resumes_from_the_coordinator_on_its_own(make, tables):
     assert step(batches(again, 2), 1) != next_epoch
 
 
+def test_a_restart_keeps_a_ranks_report_of_a_step_not_sealed_yet(make, tables):
+    """Rank 0's checkpoint of a step is recorded and durable, then the actor restarts
+    before rank 1 reports it: the step still seals (rank 0 never sends it again)."""
+    import ray
+
+    coord = make("mix_restart_pending", 2)
+    views = attached(coord, 2)
+    its = batches(views, 2)
+    step(its, 3)
+    next(its[0])
+    views[0].state_dict()
+    ray.kill(coord.handle, no_restart=False)
+    next(its[1])
+    views[1].state_dict()
+    assert coord.state_dict() == lance_ray.merge_state_dicts([v.state_dict() for v in views])
+    assert coord.state_dict()["lance_ray_mixture"]["global_step"] == 4
+
+
 def test_an_attached_view_refuses_sample_by_sample_iteration(make, tables):
     """Samples read one by one make no global step: the coordinator would never hear of
     them, so such a read is refused and the batch routes are named."""

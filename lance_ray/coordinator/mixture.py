@@ -34,6 +34,8 @@ from ..state.mixture import (
 )
 from ..state.reporting import ReportPolicy
 from ..topology import Topology, splits_per_rank
+from .actor import PERSIST_EVERY_S
+from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,9 @@ class MixtureCoordinatorActor:
         # rank -> (newest global step it sent, its samples in the phase then): the status
         self._reported: dict[int, tuple[int, int]] = {}
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, rows)
+        self._unsaved = False  # reports recorded since the last durable write
+        self._write = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
+                                self._lock)
         self._recover()
         self._persist(durable=True)
 
@@ -97,19 +102,34 @@ class MixtureCoordinatorActor:
                              "mixture; use another coordinator name or storage_path")
         self._world_size, self._epoch = saved["world_size"], saved["epoch"]
         self._generation, self._sealed = saved["generation"], saved["sealed"]
+        self._pending = {(epoch, step): {int(r): state for r, state in ranks.items()}
+                         for (epoch, step), ranks in saved.get("pending", [])}
         logger.info("mixture coordinator %s recovered epoch %d, sealed step %s", self._name,
                     self._epoch, self._sealed and _key(self._sealed))
 
     def _persist(self, *, durable: bool) -> None:
+        """Write the sealed state and the ranks' states of steps not sealed yet (a rank
+        never sends an acknowledged report again); ``durable`` adds an fsync."""
+        if durable:
+            self._unsaved = False
         storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT, "config": self._config(),
             "world_size": self._world_size, "epoch": self._epoch,
-            "generation": self._generation, "sealed": self._sealed}, fsync=durable, **self._io)
+            "generation": self._generation, "sealed": self._sealed,
+            "pending": [[list(key), {str(r): st for r, st in ranks.items()}]
+                        for key, ranks in sorted(self._pending.items())]},
+            fsync=durable, **self._io)
 
     def persist(self) -> None:
         """Write the sealed progress now, durably (before a planned stop)."""
         with self._lock:
             self._persist(durable=True)
+
+    def persist_recorded(self) -> None:
+        """Make every report recorded so far durable (a view's checkpoint)."""
+        with self._lock:
+            if self._unsaved:
+                self._persist(durable=True)
 
     # ----------------------------------------------------------------- the run
 
@@ -157,9 +177,11 @@ class MixtureCoordinatorActor:
             self._reported[rank] = (key[1], mix["step"] or 0)
             ranks = self._pending.setdefault(key, {})
             ranks[rank] = state
+            self._unsaved = True
             if len(ranks) < self._world_size:
                 for old in sorted(self._pending)[:-PENDING_STEPS]:
                     del self._pending[old]  # a rank that far behind is gone
+                self._write.request()
                 return None
             merged = merge_state_dicts([ranks[r] for r in range(self._world_size)])
             for older in [k for k in self._pending if k <= key]:

@@ -113,8 +113,9 @@ class MixtureLink:
         while len(self._in_flight) >= self.policy.max_in_flight:
             ray.get(self._in_flight.popleft())  # back-pressure; raises a refused report
         self._in_flight.append(self.handle.report.remote(state))
-        if wait:
+        if wait:  # a checkpoint: recorded, and durable
             self.flush()
+            ray.get(self.handle.persist_recorded.remote())
 
     def flush(self) -> None:
         while self._in_flight:
