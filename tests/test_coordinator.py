@@ -210,10 +210,15 @@ def test_a_failed_create_leaves_no_version_tag(ray_session, table_factory, tmp_p
                                world_size=1, num_splits=4)
     first.kill()  # its ledger stays under store/ledger-owner
     other = table_factory(96)
-    with pytest.raises(Exception, match="different table or plan"):
+    with pytest.raises(ValueError, match="different table or plan"):  # as raised in it
         Coordinator.create(other, "ledger-owner", storage_path=store, world_size=1,
                            num_splits=4)
     assert "lance_ray-ledger-owner" not in other.to_lance().tags.list()
+    # The refused actor is gone at once: the run's own create right after resumes it.
+    again = Coordinator.create(table_factory(64), "ledger-owner", storage_path=store,
+                               world_size=1, num_splits=4)
+    assert again.created and again.status()["num_splits"] == 4
+    again.kill()
 
 
 def table_1k_of(coord: Coordinator):

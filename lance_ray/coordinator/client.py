@@ -4,6 +4,8 @@ gets its part of the plan, watches for resizes and reports its progress (the ser
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +16,8 @@ from ..plan.table import TableRef
 from ..state import ledger as lg
 from ..state.reporting import Reporter, ReportPolicy
 from ..topology import Topology
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_NAMESPACE = "lance_ray"
 
@@ -58,6 +62,38 @@ def find_coordinator(name: str, namespace: str) -> Any:
             f"no coordinator named {name!r} in namespace {namespace!r}; create it with "
             "Coordinator.create() in the job driver first"
         ) from e
+
+
+def constructed(handle: Any, call: Any, name: str, namespace: str) -> Any:
+    """``ray.get(call)``, the first call to the coordinator actor ``handle`` just made. Ray
+    reports an error in its constructor as the actor's death: it is raised as the
+    ``ValueError`` it was, once the actor is gone for good (it would otherwise restart, and
+    fail, for as long as a handle lives) and its name is free for the next create."""
+    ray = _ray()
+    try:
+        return ray.get(call)
+    except ray.exceptions.RayActorError as e:
+        if not getattr(e, "actor_init_failed", False):
+            raise
+        ray.kill(handle, no_restart=True)
+        wait_name_free(name, namespace)
+        said = [line for line in str(e).splitlines() if line.startswith("ValueError: ")]
+        if said:
+            raise ValueError(said[-1].removeprefix("ValueError: ")) from None
+        raise
+
+
+def wait_name_free(name: str, namespace: str, timeout_s: float = 10.0) -> None:
+    """Return once no actor is named ``name`` (a dead one's name is freed shortly after)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            _ray().get_actor(name, namespace=namespace)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    logger.warning("the name of dead coordinator %r is still taken after %.0f s", name,
+                   timeout_s)
 
 
 class _ActorChannel:

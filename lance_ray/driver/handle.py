@@ -13,7 +13,12 @@ import ray
 from .. import storage
 from ..checks import numpy_scalars_accepted
 from ..coordinator.actor import CoordinatorActor, run_identity
-from ..coordinator.client import DEFAULT_NAMESPACE, find_coordinator
+from ..coordinator.client import (
+    DEFAULT_NAMESPACE,
+    constructed,
+    find_coordinator,
+    wait_name_free,
+)
 from ..plan.pack_args import pack_options
 from ..plan.remote import is_remote_table
 from ..plan.resolve import resolve_plan
@@ -161,8 +166,14 @@ class Coordinator:
         asked = run_identity(ref, spec, packing)
         live = _live_actor(name, namespace)
         if live is not None:  # a restarted driver attaches to its run's live coordinator
-            _check_same_run(name, ray.get(live.identity.remote()), asked)
-            return cls(live, name, namespace)
+            try:
+                identity = ray.get(live.identity.remote())
+            except ray.exceptions.RayActorError:  # dead (a refused create): its name frees
+                ray.kill(live, no_restart=True)
+                wait_name_free(name, namespace)
+            else:
+                _check_same_run(name, identity, asked)
+                return cls(live, name, namespace)
         leased = lease_version and take_lease(ref, name)
         options = {**_ACTOR_OPTIONS, "name": name, "namespace": namespace,
                    "get_if_exists": True, "lifetime": "detached" if detached else None}
@@ -172,7 +183,8 @@ class Coordinator:
                 asdict(report_policy or ReportPolicy()),
                 None if packing is None else asdict(packing))
             # Surfaces construction errors here; another driver may have made it meanwhile.
-            _check_same_run(name, ray.get(handle.identity.remote()), asked)
+            _check_same_run(name, constructed(handle, handle.identity.remote(), name, namespace),
+                            asked)
         except BaseException:
             if leased:  # a failed create leaves no tag that would refuse the next one
                 with contextlib.suppress(Exception):

@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from .. import storage
+from ..coordinator.client import constructed
 from ..coordinator.mixture import MixtureCoordinatorActor
 from ..state.mixture import (
     STOPS,
@@ -85,7 +86,7 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
         handle: Any = ray.remote(MixtureCoordinatorActor).options(**options).remote(
             name, run, world_size, storage.absolute(storage_path), namespace,
             storage_options, storage_retry, asdict(policy))
-        live = ray.get(handle.describe.remote())  # surface construction errors here
+        live = constructed(handle, handle.describe.remote(), name, namespace)
     except BaseException:
         for c in made:  # a half-made run leaves no actors of its own behind (files stay)
             if c.created:  # never one it found alive: that may be a live run's
