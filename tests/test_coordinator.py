@@ -221,6 +221,19 @@ def test_a_failed_create_leaves_no_version_tag(ray_session, table_factory, tmp_p
     again.kill()
 
 
+def test_a_killed_coordinator_leaves_no_generation_file(coord_factory):
+    import os
+
+    from lance_ray.plan.generation import node_path
+
+    coord = coord_factory("tidy")
+    view = coord.view(0, 2, reader="local")
+    path = node_path(view._plans._watch.name)
+    assert os.path.exists(path)
+    coord.kill()
+    assert not os.path.exists(path)
+
+
 def table_1k_of(coord: Coordinator):
     """The table ``coord`` reads, as a URI at its version."""
     table, _ = ray.get(coord.handle.describe.remote())

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import storage
 from ..plan.background import BackgroundPlans
-from ..plan.generation import file_name, publish_on_nodes
+from ..plan.generation import file_name, publish_on_nodes, remove_on_nodes
 from ..plan.pack_args import PackOptions
 from ..plan.sources import next_epoch, plan_for
 from ..plan.splits import PlanSpec, SplitPlan
@@ -173,6 +173,14 @@ class CoordinatorActor:
         """Write the sealed progress now, durably (before a planned stop)."""
         with self._lock:
             self._persist(durable=True)
+
+    def retire(self) -> None:
+        """The run is over (``Coordinator.kill``): write its progress durably, and delete
+        its generation files on the nodes of the views it knows."""
+        with self._lock:
+            self._persist(durable=True)
+            nodes = set(self._nodes)
+        remove_on_nodes(self._generation_file, nodes)
 
     def persist_recorded(self) -> None:
         """Make every report recorded so far durable (a view's checkpoint: its

@@ -125,6 +125,11 @@ class MixtureCoordinatorActor:
         with self._lock:
             self._persist(durable=True)
 
+    def retire(self) -> None:
+        """The run is over (``Coordinator.kill``): write its progress durably (its sources
+        keep their own generation files)."""
+        self.persist()
+
     def persist_recorded(self) -> None:
         """Make every report recorded so far durable (a view's checkpoint)."""
         with self._lock:

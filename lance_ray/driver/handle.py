@@ -242,9 +242,10 @@ class Coordinator:
         release_lease(table, self.name)
 
     def kill(self) -> None:
-        """Stop the actor for good, first writing its sealed progress (which stays)."""
+        """Stop the actor for good, first writing its sealed progress (which stays) and
+        deleting the small files through which its views hear of resizes."""
         try:
-            ray.get(self.handle.persist.remote(), timeout=10)
+            ray.get(self.handle.retire.remote(), timeout=10)
         except Exception:  # already dead or unreachable: what it wrote before stays
             logger.warning("coordinator %s did not write its progress before being stopped",
                            self.name, exc_info=True)

@@ -16,6 +16,7 @@ taken for a resize.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -98,17 +99,36 @@ class GenerationWatch:
 PUBLISH_TIMEOUT_S = 10.0
 
 
+def remove(name: str) -> None:
+    """Delete this node's generation file ``name`` (its run is over)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(node_path(name))
+
+
 def publish_on_nodes(name: str, generation: int, nodes: set[str]) -> None:
     """Raise generation file ``name`` to ``generation`` on this node and on ``nodes`` (one
     zero-CPU task per other node), waiting for them."""
+    on_nodes(publish, (name, generation), nodes,
+             f"generation {generation} of {name} was not published on nodes %s: views there "
+             "stop at their next progress report instead")
+
+
+def remove_on_nodes(name: str, nodes: set[str]) -> None:
+    """Delete generation file ``name`` on this node and on ``nodes``."""
+    on_nodes(remove, (name,), nodes, f"{name} was left on nodes %s")
+
+
+def on_nodes(fn: Any, args: tuple[Any, ...], nodes: set[str], failed_note: str) -> None:
+    """``fn(*args)`` here and on each of ``nodes`` (one zero-CPU task per other node),
+    waiting for them; the nodes where it failed are logged with ``failed_note``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    publish(name, generation)
+    fn(*args)
     here = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-    task = ray.remote(publish)
+    task = ray.remote(fn)
     replies = {task.options(num_cpus=0, max_retries=0, scheduling_strategy=(
-        NodeAffinitySchedulingStrategy(node, soft=False))).remote(name, generation): node
+        NodeAffinitySchedulingStrategy(node, soft=False))).remote(*args): node
         for node in sorted(nodes - {here})}
     if not replies:
         return
@@ -120,5 +140,4 @@ def publish_on_nodes(name: str, generation: int, nodes: set[str]) -> None:
         except Exception:  # a node that died since its views attached
             failed.append(replies[reply])
     if failed:
-        logger.warning("generation %d of %s was not published on nodes %s: views there stop "
-                       "at their next progress report instead", generation, name, failed)
+        logger.warning(failed_note, failed)
