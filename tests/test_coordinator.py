@@ -169,6 +169,29 @@ def test_a_stale_view_stops_within_one_batch_of_a_resize(coord_factory, table_1k
     assert report.exactly_once and report.steps_identical, report
 
 
+def test_a_stale_view_of_another_size_is_refused_after_a_restart_or_a_new_epoch(
+        coord_factory):
+    """While views of the run's world size report, a view of another size is stale (it
+    would resize the run under them), also once the actor was restarted or the views moved
+    to the next epoch; after a restore or a resize it is the new group."""
+    coord = coord_factory("guarded", report_policy=ReportPolicy(every_batches=1))
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    step_views([v.iter_batches(GLOBAL_BATCH // 2) for v in views], 2)
+    for v in views:
+        v.state_dict()  # recorded, and written
+    ray.kill(coord.handle, no_restart=False)
+    with pytest.raises(ValueError, match="views of world size 2 are live"):
+        coord.view(0, 4, reader="local")
+    step_views([v.iter_batches(GLOBAL_BATCH // 2) for v in views])  # to the epoch's end
+    for v in views:
+        v.set_epoch(1)
+    step_views([v.iter_batches(GLOBAL_BATCH // 2) for v in views], 1)
+    with pytest.raises(ValueError, match="views of world size 2 are live"):
+        coord.view(0, 4, reader="local")
+    coord.load_state_dict(coord.state_dict())  # a restarted group restores its checkpoint
+    assert coord.view(0, 4, reader="local").world_size == 4
+
+
 def test_resize_refuses_world_sizes_that_do_not_divide_num_splits(coord_factory):
     coord = coord_factory("bad_resize")
     with pytest.raises(ValueError, match=r"valid world sizes for 8 splits are \[1, 2, 4, 8\]"):

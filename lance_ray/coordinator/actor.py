@@ -45,6 +45,15 @@ PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 PERSIST_EVERY_S = 0.2
 
 
+def _restarted_by_ray() -> bool:
+    """Whether this actor is a restart (by Ray, after a crash) of the one that wrote the
+    ledger, rather than a new job's."""
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None \
+        and ray.get_runtime_context().was_current_actor_reconstructed
+
+
 def _actor_id() -> str:
     import ray
 
@@ -110,9 +119,13 @@ class CoordinatorActor:
         self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                      self._lock)
         self._unsaved = False  # reports recorded since the last durable write
-        # Resizes so far (persisted), and the nodes whose views must hear of the next one.
+        # Resizes so far, the nodes whose views must hear of the next one, and whether views
+        # of the current world size reported since the last resize or restore (then a view
+        # of another size is stale, not a new group). Persisted: an actor restarted by Ray
+        # serves the same views; a new job's actor takes only the generation back.
         self._generation = 0
         self._nodes: set[str] = set()
+        self._views_live = False
         self._generation_file = file_name(_actor_id())
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch,
@@ -149,6 +162,9 @@ class CoordinatorActor:
         if ledger.sealed is not None:
             self._history.add(ledger.sealed)
         self._generation = saved.get("generation", 0)
+        if _restarted_by_ray():
+            self._nodes = set(saved.get("nodes", []))
+            self._views_live = saved.get("views_live", False)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
                     ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
         return ledger
@@ -167,6 +183,8 @@ class CoordinatorActor:
                        "pending": lg.pending_json(led)},
             **({"packed": self._packed.to_json()} if self._packed is not None else {}),
             "generation": self._generation,
+            "nodes": sorted(self._nodes),
+            "views_live": self._views_live,
         }, fsync=durable, **self._io)
 
     def persist(self) -> None:
@@ -237,8 +255,9 @@ class CoordinatorActor:
         and the name of the file that publishes the generation on node ``node_id``."""
         with self._lock:
             state = self.start(topology)
-            if node_id is not None:
+            if node_id is not None and node_id not in self._nodes:
                 self._nodes.add(node_id)
+                self._write_seal.request()
             return state, self._generation, self._generation_file
 
     def start(self, topology: Topology) -> dict[str, Any]:
@@ -246,7 +265,7 @@ class CoordinatorActor:
         rank, world_size = topology.rank, topology.world_size
         with self._lock:
             if world_size != self._ledger.world_size:
-                if self._rank_progress:
+                if self._views_live:
                     # Live views of the current size have reported since the last restore:
                     # this view is stale (or early); silently resizing would strand them.
                     raise ValueError(
@@ -271,7 +290,7 @@ class CoordinatorActor:
         rank, epoch, steps, samples = batch.rank, batch.epoch, batch.steps, batch.samples
         with self._lock:
             sealed = lg.record_batch(self._ledger, batch)
-            self._unsaved = True
+            self._unsaved = self._views_live = True
             self._write_seal.request()  # pending steps too: their ranks never resend them
             if steps and epoch == self._ledger.epoch:
                 newest = max(range(len(steps)), key=steps.__getitem__)
@@ -333,6 +352,7 @@ class CoordinatorActor:
             self._history.restart(sealed)
         self._built = None  # a packed state's buffers also depend on the restored base
         self._rank_progress.clear()  # the views before the restore are gone
+        self._views_live = False
         self._persist(durable=True)
 
     def initial_state(self) -> dict[str, Any]:
@@ -346,6 +366,7 @@ class CoordinatorActor:
         with self._lock:
             sealed = lg.resize(self._ledger, world_size)
             self._rank_progress.clear()
+            self._views_live = False
             self._generation += 1
             self._persist(durable=True)
             generation, nodes, state = self._generation, set(self._nodes), self._state(sealed)
