@@ -537,10 +537,12 @@ def test_a_collate_fn_that_raises_ends_the_iteration_at_its_batch_with_any_worke
     loader = lance_ray.StreamingDataLoader(ds, batch_size=10, num_workers=num_workers,
                                            collate_fn=CollateFailsOn(bad))
     got: list[int] = []
-    with pytest.raises(KeyError, match=f"bad id {bad}"):
+    with pytest.raises(KeyError, match=f"bad id {bad}") as raised:
         for b in loader:
             got += b["id"].tolist()
     assert got == order[:50]
+    # without workers, the error is the collate_fn's own (no worker to name)
+    assert ("DataLoader worker" in str(raised.value)) == (num_workers > 0)
     resumed = ours(table)
     resumed.load_state_dict(loader.state_dict())
     assert [i for b in resumed.iter_batches(10) for i in batch_ids(b)] == order[50:]

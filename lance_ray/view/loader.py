@@ -43,7 +43,18 @@ class _CollateFailed(NamedTuple):
 
     number: int
     size: int
-    error: Any  # torch's ExceptionWrapper: the worker's traceback, re-raised by the trainer
+    error: Any  # has reraise(): torch's ExceptionWrapper (a worker's traceback) or _Raise
+
+
+class _Raise:
+    """A ``collate_fn`` error in the trainer's own process (no workers): raised as it was,
+    as ``iter_batches`` and torch's loader raise it there."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def reraise(self) -> None:
+        raise self.error
 
 
 def _identity(x: Any) -> Any:
@@ -97,11 +108,13 @@ class _BatchSource(ForwardsToDataset, TravelsByValue, IterableDataset):
             for j, lo in enumerate(range(0, group.size, size)):
                 try:
                     data, skipped = collate(group.payload[lo : lo + size], self.collate_fn)
-                except Exception:
+                except Exception as e:
                     # The group's earlier batches still arrive, then the error, where it is
                     # raised without workers: the batches trained do not depend on workers.
-                    made.append(_CollateFailed(first + j, 0, ExceptionWrapper(
-                        where=f"in DataLoader worker {worker}, collating batch {first + j}")))
+                    made.append(_CollateFailed(first + j, 0, _Raise(e) if info is None else
+                                               ExceptionWrapper(where=f"in DataLoader worker "
+                                                                f"{worker}, collating batch "
+                                                                f"{first + j}")))
                     yield made
                     return
                 made.append(_Delivered(first + j, min(size, group.size - lo), data, skipped,
