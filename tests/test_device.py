@@ -411,7 +411,9 @@ def test_batches_in_host_memory_never_probe_cuda(table_factory, monkeypatch):
     (lambda: loader_placement(False, "cuda"), ValueError, "pass pin_memory=True"),
     (lambda: loader_placement(True, "cpu"), ValueError, "pass '' \\(the current one\\)"),
     (lambda: loader_placement(True, "mps"), ValueError, "move the batches yourself"),
-    (lambda: loader_placement(True, "gpu"), ValueError, "must be None, 'cpu', 'cuda'"),
+    (lambda: loader_placement(True, "gpu"), ValueError, r"must be '' or 'cuda\[:N\]'"),
+    # an int is torch's cuda:N: without CUDA it says so, not that 0 is no device
+    (lambda: placement(0, cuda=False), RuntimeError, "CUDA is not available"),
 ])
 def test_bad_device_arguments_name_the_fix(call, error, match):
     with pytest.raises(error, match=match):

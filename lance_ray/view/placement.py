@@ -46,13 +46,16 @@ def _bool_or_none(name: str, value: Any) -> None:
         raise TypeError(f"{name} must be True, False or None, got {value!r}")
 
 
-def _parse(device: Any, what: str) -> torch.device:
-    """``device`` as a ``torch.device`` of type CPU or CUDA; raises naming the fix."""
+def _parse(device: Any, what: str,
+           accepted: str = "None, 'cpu', 'cuda', 'cuda:N', N or a torch.device") -> torch.device:
+    """``device`` as a ``torch.device`` of type CPU or CUDA (an int N is torch's ``cuda:N``);
+    raises naming the values ``accepted``."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}"  # torch.device(N) would need an accelerator to name N's
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{what} must be None, 'cpu', 'cuda', 'cuda:N' or a torch.device, "
-                         f"got {device!r} ({exc})") from None
+        raise ValueError(f"{what} must be {accepted}, got {device!r} ({exc})") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"{what}={device!r}: lance_ray places batches on 'cpu' or CUDA "
                          "devices only; pass device=None and move the batches yourself with "
@@ -117,7 +120,7 @@ def loader_placement(pin_memory: bool, pin_memory_device: str, *,
         return None  # CUDA is not even probed: the probe can break a later fork
     cuda = _cuda_available() if cuda is None else cuda
     if pin_memory_device:
-        dev = _parse(pin_memory_device, "pin_memory_device")
+        dev = _parse(pin_memory_device, "pin_memory_device", "'' or 'cuda[:N]'")
         if dev.type != "cuda":
             raise ValueError(f"pin_memory_device={pin_memory_device!r}: pinned memory is for "
                              "copies to a CUDA device; pass '' (the current one) or 'cuda:N'")
