@@ -72,6 +72,65 @@ def test_a_transform_breaking_the_one_item_per_row_contract_is_never_skipped():
         policy.resolve(policy(batch), lambda lo, hi: "")
 
 
+def lazily(batch: pa.RecordBatch):
+    """A generator transform: its rows' errors come while its output is iterated."""
+    for i in batch.column("id").to_pylist():
+        if i % 7 == 3:
+            raise ValueError("bad row")
+        yield i
+
+
+class TwoArgError(Exception):
+    """Does not survive pickle as it is: its __init__ takes other arguments than its args."""
+
+    def __init__(self, row: int, why: str):
+        super().__init__(f"row {row}: {why}")
+
+
+def fails_two_args(batch: pa.RecordBatch) -> list[int]:
+    ids = batch.column("id").to_pylist()
+    for i in ids:
+        if i % 7 == 3:
+            raise TwoArgError(i, "corrupt")
+    return ids
+
+
+def only_two_arg_errors(error: Exception) -> bool:
+    return isinstance(error, TwoArgError)
+
+
+def test_a_generator_transform_skips_and_raises_as_a_list_returning_one(table_1k):
+    """The reference lists the output inside its try: a generator's row errors are the
+    transform's own (skipped per row), not a broken contract."""
+    ds = lambda tf, err: lance_ray.StreamingDataset(  # noqa: E731
+        table_1k, num_splits=8, transform=tf, on_transform_error=err, reader="local")
+    expected = list(ds(ids_unless_bad, "skip"))
+    assert list(ds(lazily, "skip")) == expected and len(expected) < 1000
+    with pytest.raises(ValueError, match="bad row"):  # the transform's own error, as it was
+        list(ds(lazily, "raise"))
+
+
+def test_fill_gives_each_failed_row_its_own_copy(table_1k):
+    rows = list(make(table_1k, on_error="fill", fill_value=[0]))
+    filled = [r for r in rows if isinstance(r, list)]
+    filled[0].append(1)  # the consumer changes one in place
+    assert len(filled) > 1 and all(r == [0] for r in filled[1:])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_handler_sees_the_transforms_exception_type_across_workers(table_1k, num_workers):
+    """An exception that pickle cannot rebuild as it is still reaches the handler as its
+    own type (sent by its parts), so the handler skips what it means to skip."""
+    def ds():
+        return lance_ray.StreamingDataset(table_1k, num_splits=8, transform=fails_two_args,
+                                          on_transform_error=only_two_arg_errors,
+                                          reader="local")
+
+    loader = lance_ray.StreamingDataLoader(ds(), batch_size=50, num_workers=num_workers)
+    ids = [int(i) for b in loader for i in b]
+    assert ids == list(ds()) and not any(i % 7 == 3 for i in ids)  # as read in-process
+
+
 def test_keep_slot_works_through_ray_data_tasks(ray_session, table_1k):
     ds = lance_ray.StreamingDataset(table_1k, num_splits=8, transform=ids_unless_bad,
                                     on_transform_error="keep_slot", read_batch_size=100)

@@ -39,7 +39,7 @@ def note_worker(worker_id):
 BODY = """
 table = lancedb.connect(sys.argv[1]).open_table("t")
 ds = lance_ray.StreamingDataset(table, num_splits=4, shuffle_seed=3, reader="local",
-                                transform=tripled)
+                                transform=lambda b: tripled(b))  # a lambda reaches them too
 loader = lance_ray.StreamingDataLoader(ds, batch_size=50, num_workers=2,
                                        worker_init_fn=note_worker{context})
 ids = [int(i) for batch in loader for i, x3 in zip(batch["id"], batch["x3"])

@@ -18,9 +18,10 @@ so every rank yields the same number of steps (:class:`Skipped`); ``"fill"`` del
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,20 +62,40 @@ class BatchFailed(Failed):
     """The transform of a whole read failed and must be raised when the read is due."""
 
 
-def portable(error: BaseException) -> BaseException:
-    """``error`` if it survives pickling (to cross a process), else a RuntimeError
-    carrying its type and message."""
+def _rebuilt(kind: type[BaseException], args: tuple[Any, ...],
+             state: dict[str, Any]) -> BaseException:
+    error = kind.__new__(kind)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class _ByParts:
+    """An exception that does not pickle as it is (its ``__init__`` takes other arguments
+    than its ``args``), sent as its type, args and attributes and rebuilt as that type
+    across the process boundary, so a handler's ``isinstance`` still holds."""
+
+    def __init__(self, error: BaseException):
+        self.parts = (type(error), error.args, dict(getattr(error, "__dict__", {})))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, self.parts
+
+
+def portable(error: BaseException) -> Any:
+    """``error`` if it survives pickling (to cross a process), else the same exception sent
+    by its parts, else a RuntimeError carrying its type and message."""
     pickler: Any = pickle
     with contextlib.suppress(ImportError):  # what Ray itself pickles with, when it is there
         from ray import cloudpickle as pickler
-    try:
-        pickler.loads(pickler.dumps(error))
-        return error
-    except Exception:
-        out = RuntimeError(f"{type(error).__qualname__}: {error}")
-        out.add_note("lance_ray: the transform's exception cannot be pickled, so it was "
-                     "re-raised as this RuntimeError")
-        return out
+    for sent in (error, _ByParts(error)):
+        with contextlib.suppress(Exception):
+            pickler.loads(pickler.dumps(sent))
+            return sent
+    out = RuntimeError(f"{type(error).__qualname__}: {error}")
+    out.add_note("lance_ray: the transform's exception cannot be pickled, so it was "
+                 "re-raised as this RuntimeError")
+    return out
 
 
 def portable_items(items: list[Any]) -> list[Any]:
@@ -90,21 +111,31 @@ def check_policy(on_error: object) -> None:
         )
 
 
-def _items(out: object, rows: int) -> list[Any]:
-    try:
-        items = list(out)  # type: ignore[call-overload]
-    except TypeError as e:
-        raise TypeError(
-            f"transform must return a sequence with one item per row, got {type(out).__name__}"
-        ) from e
-    if len(items) != rows:
-        raise ValueError(
-            f"transform returned {len(items)} items for a batch of {rows} rows; a transform "
-            "must return exactly one item per input row (one output row per input row): "
-            "filter rows with the `filter` argument, or raise in the transform and use "
-            "on_transform_error='skip'"
-        )
+class BrokenContract(Exception):
+    """The transform's output breaks the one-item-per-row contract (never skipped)."""
+
+
+def _run(transform: Transform, batch: pa.RecordBatch) -> list[Any]:
+    """The transform's items for ``batch``. Its own exceptions propagate, also those raised
+    while its output is iterated (a generator's); a broken contract raises
+    :class:`BrokenContract`, whose cause is the error to report."""
+    out = transform(batch)
+    if not isinstance(out, Iterable):
+        raise BrokenContract() from TypeError(
+            f"transform must return a sequence with one item per row, got {type(out).__name__}")
+    items = list(out)
+    if len(items) != batch.num_rows:
+        raise BrokenContract() from _count_error(len(items), batch.num_rows)
     return items
+
+
+def _count_error(items: int, rows: int) -> ValueError:
+    return ValueError(
+        f"transform returned {items} items for a batch of {rows} rows; a transform "
+        "must return exactly one item per input row (one output row per input row): "
+        "filter rows with the `filter` argument, or raise in the transform and use "
+        "on_transform_error='skip'"
+    )
 
 
 @dataclass(frozen=True)
@@ -124,12 +155,15 @@ class TransformPolicy:
         """One item per row, failures recorded (never raised): runs where reads run."""
         try:
             try:
-                out = self.transform(batch)
+                return _run(self.transform, batch)
+            except BrokenContract:
+                raise  # never skipped
             except Exception:
                 if self.on_error == "raise":
                     raise
                 return [self._one(batch.slice(i, 1)) for i in range(batch.num_rows)]
-            return _items(out, batch.num_rows)  # a broken contract is never skipped
+        except BrokenContract as e:
+            return [BatchFailed(e.__cause__ or e)] + [None] * (batch.num_rows - 1)
         except Exception as e:
             return [BatchFailed(e)] + [None] * (batch.num_rows - 1)
 
@@ -153,10 +187,11 @@ class TransformPolicy:
 
     def _one(self, row: pa.RecordBatch) -> Any:
         try:
-            out = self.transform(row)
+            return _run(self.transform, row)[0]
+        except BrokenContract:
+            raise
         except Exception as e:
             return Failed(e)
-        return _items(out, 1)[0]
 
     def resolve(self, items: list[Any], where: Callable[[int, int], str]) -> list[Any]:
         """Apply the policy to one read's items, in the consumer's process.
@@ -181,8 +216,8 @@ class TransformPolicy:
                            len(failed), len(items), items[failed[0]].error)
         out = list(items)
         for i in failed:
-            if self.on_error == "fill":
-                out[i] = self.fill_value
+            if self.on_error == "fill":  # a copy each: the consumer may change it in place
+                out[i] = copy.deepcopy(self.fill_value)
             elif self.on_error == "keep_slot":
                 out[i] = Skipped(repr(items[i].error))
         return out

@@ -20,13 +20,7 @@ from .iteration import Lease, leased, timed
 from .packed import PackedMode
 from .placement import loader_placement, placed
 from .reading import Pass
-from .workers import (
-    CallByValue,
-    ForwardsToDataset,
-    TravelsByValue,
-    unguarded_main_line,
-    worker_context,
-)
+from .workers import ForwardsToDataset, TravelsByValue, prepare_workers
 
 
 class _Delivered(NamedTuple):
@@ -96,7 +90,7 @@ class _BatchSource(ForwardsToDataset, TravelsByValue, IterableDataset):
             # Which rows survive is known only after their transform: workers read every
             # k-th read and the trainer interleaves the survivors (and runs the policy).
             for chunk in p.read_rows(worker, workers):
-                if isinstance(chunk.payload, list):
+                if info is not None and isinstance(chunk.payload, list):  # crosses processes
                     chunk.payload = portable_items(chunk.payload)
                 yield chunk
             return
@@ -239,33 +233,12 @@ class StreamingDataLoader(DataLoader):
         self._source = _BatchSource(batch_size, collate_fn)
         self._source.forward_to(dataset)
         if num_workers > 0:
-            self._choose_workers(kwargs)
+            prepare_workers(self._source, kwargs)
         self._streaming_dataset = dataset
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
 
-    def _choose_workers(self, kwargs: dict[str, Any]) -> None:
-        # Lance is not fork-safe (forked workers were seen to panic in its decoder, and to
-        # hang once Ray's threads run in the parent), so workers come from a fork server
-        # that has already imported the heavy modules: safe and fast to start.
-        line = unguarded_main_line()
-        if "multiprocessing_context" not in kwargs:
-            kwargs["multiprocessing_context"] = worker_context(script_free=line is not None)
-        elif line is not None:
-            raise RuntimeError(
-                f"StreamingDataLoader workers started from line {line} of the main script, "
-                "outside an `if __name__ == \"__main__\":` guard, with multiprocessing_context="
-                f"{kwargs['multiprocessing_context']!r}: every worker would run the script "
-                "again. Put the script's work under that guard, or leave "
-                "multiprocessing_context unset (lance_ray's default workers skip the script)"
-            )
-        if line is not None:
-            # Workers skip the script: what it defined (transforms, collate_fn, worker_init_fn)
-            # travels by value.
-            self._source.by_value = True
-            if kwargs.get("worker_init_fn") is not None:
-                kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
 
     @property
     def streaming_dataset(self) -> StreamingDataset:

@@ -22,13 +22,7 @@ from ..read.requests import NO_COST, ReadCost
 from ..stream.order import RankStream, stream_for
 from .iteration import Lease, leased, timed
 from .mix_batches import MixBatch, mixed_batch
-from .workers import (
-    CallByValue,
-    ForwardsToDataset,
-    TravelsByValue,
-    unguarded_main_line,
-    worker_context,
-)
+from .workers import ForwardsToDataset, TravelsByValue, prepare_workers
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -157,13 +151,7 @@ class MixtureDataLoader(DataLoader):
         self._source = _MixtureBatches(list if dataset.packed else collate_fn)
         self._source.forward_to(dataset)
         if num_workers > 0:
-            line = unguarded_main_line()
-            kwargs.setdefault("multiprocessing_context",
-                              worker_context(script_free=line is not None))
-            if line is not None:
-                self._source.by_value = True
-                if kwargs.get("worker_init_fn") is not None:
-                    kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
+            prepare_workers(self._source, kwargs)
         self._mixture = dataset
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,

@@ -109,6 +109,31 @@ class TravelsByValue:
         return pickle.loads, (data,)
 
 
+def prepare_workers(source: TravelsByValue, kwargs: dict[str, Any]) -> None:
+    """Set up a loader's DataLoader workers (``kwargs``: the DataLoader's): its worker
+    context, and ``source`` (what the workers iterate) and ``worker_init_fn`` sent by value,
+    so that lambdas and what ``__main__`` defines (transforms, collate_fn) reach them.
+
+    Lance is not fork-safe (forked workers were seen to panic in its decoder, and to hang
+    once Ray's threads run in the parent), so workers come from a fork server that has
+    already imported the heavy modules: safe and fast to start.
+    """
+    line = unguarded_main_line()
+    if "multiprocessing_context" not in kwargs:
+        kwargs["multiprocessing_context"] = worker_context(script_free=line is not None)
+    elif line is not None:
+        raise RuntimeError(
+            f"StreamingDataLoader workers started from line {line} of the main script, "
+            "outside an `if __name__ == \"__main__\":` guard, with multiprocessing_context="
+            f"{kwargs['multiprocessing_context']!r}: every worker would run the script "
+            "again. Put the script's work under that guard, or leave "
+            "multiprocessing_context unset (lance_ray's default workers skip the script)"
+        )
+    source.by_value = True
+    if kwargs.get("worker_init_fn") is not None:
+        kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
+
+
 class ForwardsToDataset:
     """Mixin for what a loader hands torch as its ``dataset``: the attributes it lacks come
     from the user's dataset (``loader.dataset.state_dict()``, ``set_epoch`` hooks), as the
