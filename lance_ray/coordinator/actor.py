@@ -32,6 +32,7 @@ from ..state import ledger as lg
 from ..state.packed import parse_packed_state
 from ..state.reporting import ReportPolicy
 from ..topology import Topology
+from .incarnation import actor_id, restarted_by_ray
 from .packing import PackedRun
 from .throttle import Throttled
 
@@ -43,29 +44,6 @@ PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 # out of phase nearly every report call seals a step, and a write can cost milliseconds
 # (more on object storage). A checkpoint (state_dict) and kill() write at once.
 PERSIST_EVERY_S = 0.2
-
-
-def _restarted_by_ray() -> bool:
-    """Whether this actor is a restart (by Ray, after a crash) of the one that wrote the
-    ledger, rather than a new job's."""
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None \
-        and ray.get_runtime_context().was_current_actor_reconstructed
-
-
-def _actor_id() -> str:
-    import ray
-
-    actor = ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
-    return actor or f"pid{os.getpid()}"
-
-
-def _sealed_from_json(d: dict | None) -> lg.Sealed | None:
-    if d is None:
-        return None
-    columns = (tuple(d[k]) for k in ("samples", "positions", "blocks", "buffered") if k in d)
-    return lg.Sealed(d["epoch"], d["step"], d["world_size"], *columns)
 
 
 def ledger_path(storage_path: str, name: str) -> str:
@@ -126,7 +104,7 @@ class CoordinatorActor:
         self._generation = 0
         self._nodes: set[str] = set()
         self._views_live = False
-        self._generation_file = file_name(_actor_id())
+        self._generation_file = file_name(actor_id())
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch,
                                                     packed=self._packed is not None)
@@ -152,17 +130,14 @@ class CoordinatorActor:
                 f"{self._path} holds coordinator {self._name!r} of a different table or plan; "
                 "use another coordinator name or storage_path"
             )
-        led = saved["ledger"]
-        ledger = lg.Ledger(led["num_splits"], led["world_size"], led["epoch"],
-                           _sealed_from_json(led["sealed"]), packed=self._packed is not None)
-        lg.restore_pending(ledger, led.get("pending"))
+        ledger = lg.ledger_from_json(saved["ledger"], packed=self._packed is not None)
         if self._packed is not None:
             self._packed.load_json(saved["packed"], lambda name: storage.read_json(
                 storage.join(self._dir, name), **self._io))
         if ledger.sealed is not None:
             self._history.add(ledger.sealed)
         self._generation = saved.get("generation", 0)
-        if _restarted_by_ray():
+        if restarted_by_ray():
             self._nodes = set(saved.get("nodes", []))
             self._views_live = saved.get("views_live", False)
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
@@ -172,15 +147,12 @@ class CoordinatorActor:
     def _persist(self, *, durable: bool) -> None:
         """Write the ledger (seals through ``_write_seal``); ``durable`` adds an fsync, for
         states handed out as checkpoints."""
-        led = self._ledger
         if durable:
             self._unsaved = False
         storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
             "config": self._config(),
-            "ledger": {"num_splits": led.num_splits, "world_size": led.world_size,
-                       "epoch": led.epoch, "sealed": led.sealed and asdict(led.sealed),
-                       "pending": lg.pending_json(led)},
+            "ledger": lg.ledger_json(self._ledger),
             **({"packed": self._packed.to_json()} if self._packed is not None else {}),
             "generation": self._generation,
             "nodes": sorted(self._nodes),

@@ -22,8 +22,8 @@ it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypeVar
 
 from ..topology import splits_per_rank
 
@@ -281,22 +281,32 @@ class History:
         return sealed
 
 
-def pending_json(ledger: Ledger) -> dict[str, object]:
-    """The pending steps as plain JSON data: reports a restarted coordinator still needs
-    (a rank whose report of a step was acknowledged never sends it again)."""
-    return {"newest": ledger.newest,
-            "steps": [[step, t.columns, sorted(t.ranks)]
-                      for step, t in sorted(ledger.pending.items())]}
+def ledger_json(ledger: Ledger) -> dict[str, Any]:
+    """``ledger`` as plain JSON data, pending steps included: reports a restarted
+    coordinator still needs (a rank whose report of a step was acknowledged never sends it
+    again)."""
+    return {"num_splits": ledger.num_splits, "world_size": ledger.world_size,
+            "epoch": ledger.epoch, "sealed": ledger.sealed and asdict(ledger.sealed),
+            "pending": {"newest": ledger.newest,
+                        "steps": [[step, t.columns, sorted(t.ranks)]
+                                  for step, t in sorted(ledger.pending.items())]}}
 
 
-def restore_pending(ledger: Ledger, saved: dict | None) -> None:
-    """Take back the pending steps of :func:`pending_json` (none in a ledger written before
-    they were kept)."""
-    if not saved:
-        return
-    ledger.newest = saved["newest"]
-    ledger.pending = {step: StepTally([list(c) for c in columns], set(ranks))
-                      for step, columns, ranks in saved["steps"]}
+def ledger_from_json(saved: dict[str, Any], *, packed: bool) -> Ledger:
+    """The ledger of :func:`ledger_json` (one written before pending steps were kept has
+    none)."""
+    d = saved["sealed"]
+    sealed = None if d is None else Sealed(
+        d["epoch"], d["step"], d["world_size"],
+        *(tuple(d[k]) for k in ("samples", "positions", "blocks", "buffered") if k in d))
+    ledger = Ledger(saved["num_splits"], saved["world_size"], saved["epoch"], sealed,
+                    packed=packed)
+    pending = saved.get("pending")
+    if pending:
+        ledger.newest = pending["newest"]
+        ledger.pending = {step: StepTally([list(c) for c in columns], set(ranks))
+                          for step, columns, ranks in pending["steps"]}
+    return ledger
 
 
 def resize(ledger: Ledger, world_size: int) -> Sealed:
