@@ -94,9 +94,11 @@ class CoordinatorActor:
         self._history = lg.History()  # sealed steps kept for state_dict(step=...)
         self._rank_progress: dict[int, tuple[int, int]] = {}  # rank -> (step, rows)
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)
-        self._write_seal = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
+        self._write_progress = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                      self._lock)
-        self._unsaved = False  # reports recorded since the last durable write
+        # Reports recorded, and how many of them the last durable write held: a view's
+        # checkpoint waits for one that holds its own, and one write serves many views.
+        self._recorded = self._durable = 0
         # Resizes so far, the nodes whose views must hear of the next one, and whether views
         # of the current world size reported since the last resize or restore (then a view
         # of another size is stale, not a new group). Persisted: an actor restarted by Ray
@@ -145,10 +147,10 @@ class CoordinatorActor:
         return ledger
 
     def _persist(self, *, durable: bool) -> None:
-        """Write the ledger (seals through ``_write_seal``); ``durable`` adds an fsync, for
+        """Write the ledger (throttled: ``_write_progress``); ``durable`` adds an fsync, for
         states handed out as checkpoints."""
         if durable:
-            self._unsaved = False
+            self._durable = self._recorded
         storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT,
             "config": self._config(),
@@ -176,8 +178,9 @@ class CoordinatorActor:
         """Make every report recorded so far durable (a view's checkpoint: its
         ``state_dict()`` returns after this); one write serves every view whose reports
         arrived before it."""
+        held = self._recorded  # the caller's reports were recorded before it asked
         with self._lock:
-            if self._unsaved:
+            if self._durable < held:
                 self._persist(durable=True)
 
     # ----------------------------------------------------------------- plan
@@ -229,7 +232,7 @@ class CoordinatorActor:
             state = self.start(topology)
             if node_id is not None and node_id not in self._nodes:
                 self._nodes.add(node_id)
-                self._write_seal.request()
+                self._write_progress.request()
             return state, self._generation, self._generation_file
 
     def start(self, topology: Topology) -> dict[str, Any]:
@@ -262,8 +265,9 @@ class CoordinatorActor:
         rank, epoch, steps, samples = batch.rank, batch.epoch, batch.steps, batch.samples
         with self._lock:
             sealed = lg.record_batch(self._ledger, batch)
-            self._unsaved = self._views_live = True
-            self._write_seal.request()  # pending steps too: their ranks never resend them
+            self._recorded += 1
+            self._views_live = True
+            self._write_progress.request()  # pending steps too: their ranks never resend them
             if steps and epoch == self._ledger.epoch:
                 newest = max(range(len(steps)), key=steps.__getitem__)
                 if steps[newest] > self._rank_progress.get(rank, (-1, 0))[0]:  # may overtake

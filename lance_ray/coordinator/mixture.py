@@ -77,7 +77,7 @@ class MixtureCoordinatorActor:
         # rank -> (newest global step it sent, its samples in the phase then): the status
         self._reported: dict[int, tuple[int, int]] = {}
         self._seal_times: deque[tuple[float, int]] = deque(maxlen=64)  # (time, rows)
-        self._unsaved = False  # reports recorded since the last durable write
+        self._recorded = self._durable = 0  # reports recorded / held by a durable write
         self._write = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                 self._lock)
         self._recover()
@@ -111,7 +111,7 @@ class MixtureCoordinatorActor:
         """Write the sealed state and the ranks' states of steps not sealed yet (a rank
         never sends an acknowledged report again); ``durable`` adds an fsync."""
         if durable:
-            self._unsaved = False
+            self._durable = self._recorded
         storage.write_json_atomic(self._path, {
             "format_version": PERSIST_FORMAT, "config": self._config(),
             "world_size": self._world_size, "epoch": self._epoch,
@@ -131,9 +131,11 @@ class MixtureCoordinatorActor:
         self.persist()
 
     def persist_recorded(self) -> None:
-        """Make every report recorded so far durable (a view's checkpoint)."""
+        """Make every report recorded so far durable (a view's checkpoint); one write
+        serves every view whose reports it holds."""
+        held = self._recorded  # the caller's reports were recorded before it asked
         with self._lock:
-            if self._unsaved:
+            if self._durable < held:
                 self._persist(durable=True)
 
     # ----------------------------------------------------------------- the run
@@ -182,7 +184,7 @@ class MixtureCoordinatorActor:
             self._reported[rank] = (key[1], mix["step"] or 0)
             ranks = self._pending.setdefault(key, {})
             ranks[rank] = state
-            self._unsaved = True
+            self._recorded += 1
             if len(ranks) < self._world_size:
                 for old in sorted(self._pending)[:-PENDING_STEPS]:
                     del self._pending[old]  # a rank that far behind is gone

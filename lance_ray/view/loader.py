@@ -105,10 +105,9 @@ class _BatchSource(ForwardsToDataset, TravelsByValue, IterableDataset):
                 except Exception as e:
                     # The group's earlier batches still arrive, then the error, where it is
                     # raised without workers: the batches trained do not depend on workers.
-                    made.append(_CollateFailed(first + j, 0, _Raise(e) if info is None else
-                                               ExceptionWrapper(where=f"in DataLoader worker "
-                                                                f"{worker}, collating batch "
-                                                                f"{first + j}")))
+                    error = _Raise(e) if info is None else ExceptionWrapper(
+                        where=f"in DataLoader worker {worker}, collating batch {first + j}")
+                    made.append(_CollateFailed(first + j, 0, error))
                     yield made
                     return
                 made.append(_Delivered(first + j, min(size, group.size - lo), data, skipped,
@@ -233,7 +232,7 @@ class StreamingDataLoader(DataLoader):
         self._source = _BatchSource(batch_size, collate_fn)
         self._source.forward_to(dataset)
         if num_workers > 0:
-            prepare_workers(self._source, kwargs)
+            prepare_workers(kwargs)
         self._streaming_dataset = dataset
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,

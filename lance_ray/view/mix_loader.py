@@ -151,7 +151,7 @@ class MixtureDataLoader(DataLoader):
         self._source = _MixtureBatches(list if dataset.packed else collate_fn)
         self._source.forward_to(dataset)
         if num_workers > 0:
-            prepare_workers(self._source, kwargs)
+            prepare_workers(kwargs)
         self._mixture = dataset
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,

@@ -107,7 +107,8 @@ class MixProgress:
         self._global_step = 0
         self._ended = self._loaded = False
         self._generation += 1
-        self._start_phase([[len(v)] * self.world_size for v in self.views], step=0)
+        self._start_phase([[len(v)] * self.world_size for v in self.views], step=0,
+                          end=self.epoch_steps())
 
     def resume(self, *, epoch: int, passes: list[int], whole: list[bool], global_step: int,
                remaining: list[list[int]], step: int | None, end: int,

@@ -394,4 +394,3 @@ def _restart(view: StreamingDataset, epoch: int) -> None:
         view._install_plan(view._spec, view._plan)
     else:
         view.set_epoch(epoch)
-

@@ -91,10 +91,11 @@ def worker_context(*, script_free: bool) -> Any:
 
 
 class TravelsByValue:
-    """Mixin: while ``by_value`` is set, the object pickles by value (cloudpickle), so the
-    functions and classes of ``__main__`` it holds reach workers that skip the script."""
+    """Mixin: the object pickles by value (cloudpickle), so the lambdas and the functions
+    and classes of ``__main__`` it holds reach the loader's workers, whichever way they
+    start. (``by_value`` is cleared only while it pickles itself.)"""
 
-    by_value = False
+    by_value = True
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         if not self.by_value:
@@ -109,10 +110,10 @@ class TravelsByValue:
         return pickle.loads, (data,)
 
 
-def prepare_workers(source: TravelsByValue, kwargs: dict[str, Any]) -> None:
-    """Set up a loader's DataLoader workers (``kwargs``: the DataLoader's): its worker
-    context, and ``source`` (what the workers iterate) and ``worker_init_fn`` sent by value,
-    so that lambdas and what ``__main__`` defines (transforms, collate_fn) reach them.
+def prepare_workers(kwargs: dict[str, Any]) -> None:
+    """Set up a loader's DataLoader workers (``kwargs``: the DataLoader's): their context,
+    and ``worker_init_fn`` sent by value, as the loader's source (:class:`TravelsByValue`)
+    is, so that lambdas and what ``__main__`` defines reach them.
 
     Lance is not fork-safe (forked workers were seen to panic in its decoder, and to hang
     once Ray's threads run in the parent), so workers come from a fork server that has
@@ -129,7 +130,6 @@ def prepare_workers(source: TravelsByValue, kwargs: dict[str, Any]) -> None:
             "again. Put the script's work under that guard, or leave "
             "multiprocessing_context unset (lance_ray's default workers skip the script)"
         )
-    source.by_value = True
     if kwargs.get("worker_init_fn") is not None:
         kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
 
