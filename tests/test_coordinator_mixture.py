@@ -6,7 +6,6 @@ exactly once, in proportion. A sample is ``(source, id)``."""
 from __future__ import annotations
 
 import contextlib
-import time
 from fractions import Fraction
 
 import pytest
@@ -121,8 +120,7 @@ def test_a_resize_mid_epoch_delivers_each_remaining_sample_once_in_proportion(
     running = batches(views, before)
     first = step(running, 5)
     wait_sealed(coord, 5)
-    coord.resize(after)
-    time.sleep(0.05)  # a per-sample delivery polls the published generation every 2 ms
+    coord.resize(after)  # the new generation is published on every node before it returns
     with pytest.raises(StaleReport):
         next(running[0])  # the old world size stops before its next batch
     rest = step(batches(attached(coord, after), after))
@@ -181,6 +179,21 @@ def test_a_restart_keeps_a_ranks_report_of_a_step_not_sealed_yet(make, tables):
     views[1].state_dict()
     assert coord.state_dict() == lance_ray.merge_state_dicts([v.state_dict() for v in views])
     assert coord.state_dict()["lance_ray_mixture"]["global_step"] == 4
+
+
+def test_a_stale_view_of_another_size_is_refused_after_a_restart(make, tables):
+    """Views of the run's world size have reported, then Ray restarts the actor: a view of
+    another size is still stale (it would resize the run under them) until a restore."""
+    coord = make("mix_guarded", 2)
+    views = attached(coord, 2)
+    step(batches(views, 2), 2)
+    for v in views:
+        v.state_dict()  # recorded, and written
+    ray.kill(coord.handle, no_restart=False)
+    with pytest.raises(ValueError, match="views of world size 2 are live"):
+        coord.view(0, 4, columns=["id"], reader="local")
+    coord.load_state_dict(coord.state_dict())  # a restarted group restores its checkpoint
+    assert coord.view(0, 4, columns=["id"], reader="local").world_size == 4
 
 
 def test_an_attached_view_refuses_sample_by_sample_iteration(make, tables):

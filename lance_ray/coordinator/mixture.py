@@ -35,6 +35,7 @@ from ..state.mixture import (
 from ..state.reporting import ReportPolicy
 from ..topology import Topology, splits_per_rank
 from .actor import PERSIST_EVERY_S
+from .incarnation import restarted_by_ray
 from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class MixtureCoordinatorActor:
         self._generation, self._sealed = saved["generation"], saved["sealed"]
         self._pending = {(epoch, step): {int(r): state for r, state in ranks.items()}
                          for (epoch, step), ranks in saved.get("pending", [])}
+        if restarted_by_ray():  # the same views report on: a view of another size is stale
+            self._reported = {int(r): (s, n) for r, (s, n) in saved.get("reported", {}).items()}
         logger.info("mixture coordinator %s recovered epoch %d, sealed step %s", self._name,
                     self._epoch, self._sealed and _key(self._sealed))
 
@@ -117,7 +120,8 @@ class MixtureCoordinatorActor:
             "world_size": self._world_size, "epoch": self._epoch,
             "generation": self._generation, "sealed": self._sealed,
             "pending": [[list(key), {str(r): st for r, st in ranks.items()}]
-                        for key, ranks in sorted(self._pending.items())]},
+                        for key, ranks in sorted(self._pending.items())],
+            "reported": {str(r): list(sn) for r, sn in self._reported.items()}},
             fsync=durable, **self._io)
 
     def persist(self) -> None:
