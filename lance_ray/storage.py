@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import re
-import tempfile
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -270,7 +270,10 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool
 
 def _write_local_atomic(target: Path, data: bytes, *, fsync: bool) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    # Opened with 0o666 so the umask sets its mode, as for any file the user writes
+    # (mkstemp's 0600 would hide checkpoints from the other users of a shared disk).
+    tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -279,8 +282,14 @@ def _write_local_atomic(target: Path, data: bytes, *, fsync: bool) -> None:
                 os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    if fsync:  # the rename itself survives a crash only once its directory is on disk
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _on_object_store(fs: pafs.FileSystem) -> bool:

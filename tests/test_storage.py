@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -51,6 +52,18 @@ def test_local_paths_and_file_uris_are_the_same_local_file(tmp_path):
     assert storage.read_json(tmp_path / "a.json") == {"v": 1}
     assert storage.list_files(tmp_path) == [str(tmp_path / "a.json")]
     assert storage.join("s3://b/runs/", "x", "/y.json") == "s3://b/runs/x/y.json"
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_a_local_write_has_the_mode_the_umask_gives_and_leaves_no_temp_file(tmp_path, fsync):
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):  # a new file, then one replaced
+            storage.write_json_atomic(tmp_path / "state.json", {"v": 1}, fsync=fsync)
+            assert (tmp_path / "state.json").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
+    assert os.listdir(tmp_path) == ["state.json"]
 
 
 def test_a_reader_sees_the_old_object_or_the_new_one_never_half(s3):
