@@ -17,6 +17,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse ``type=``: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {value}")
+    return value
+
+
 def check_run_sizes(workers: int | tuple[int, int], num_splits: int,
                     global_batch: int | None, *,
                     workers_from: str = "--workers") -> None:

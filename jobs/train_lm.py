@@ -36,7 +36,7 @@ from ray.train.torch import TorchTrainer
 import lance_ray.train as lt
 from jobs import lm_data, lm_model
 from jobs import train as train_job
-from jobs.args import check_run_sizes, positive_int
+from jobs.args import check_run_sizes, non_negative_int, positive_int
 from jobs.lm_data import PackedView, PackSpec, block_ids, merge_for
 from jobs.lm_model import TinyLM, lm_loss
 from lance_ray import storage
@@ -118,7 +118,10 @@ def run_spec(args: argparse.Namespace, db_uri: str, run_dir: str) -> dict[str, A
     if storage.exists(run_file):
         run = read_json(run_file)
         asked = {"reader": args.reader, "num_splits": args.num_splits,
-                 "global_batch": args.global_batch, "block_len": args.block_len}
+                 "global_batch": args.global_batch, "block_len": args.block_len,
+                 # 0 (every token) is the count the first job made
+                 **({"blocks_per_epoch": args.blocks_per_epoch} if args.blocks_per_epoch
+                    else {})}
         saved = {"reader": run["reader"], **{k: run["pack"][k] for k in asked if k != "reader"}}
         if saved != asked:
             raise SystemExit(f"run {args.name!r} was started with {saved}, not {asked}")
@@ -150,6 +153,14 @@ def packed_coordinator(name: str, run: dict[str, Any], run_dir: str, workers: in
         blocks_per_epoch=spec.blocks_per_epoch)
 
 
+def check_blocks_per_epoch(args: argparse.Namespace) -> None:
+    """Exit naming the options unless --blocks-per-epoch is 0 or a multiple of
+    --num-splits (every split delivers as many blocks)."""
+    if args.blocks_per_epoch % args.num_splits:
+        raise SystemExit(f"--blocks-per-epoch ({args.blocks_per_epoch}) must be 0 (every "
+                         f"token) or a multiple of --num-splits ({args.num_splits})")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", default="runs/lm/db")
@@ -162,14 +173,15 @@ def parser() -> argparse.ArgumentParser:
                         "coordinator: lance_ray views attached to a coordinator actor)")
     p.add_argument("--num-splits", type=positive_int, default=4)
     p.add_argument("--block-len", type=positive_int, default=128, help="pack_sequences (L)")
-    p.add_argument("--blocks-per-epoch", type=int, default=0,
+    p.add_argument("--blocks-per-epoch", type=non_negative_int, default=0,
                    help="0: every token of the table (rounded down to a multiple of splits)")
     p.add_argument("--global-batch", type=positive_int, default=8,
                    help="blocks per global step, a multiple of --num-splits")
     p.add_argument("--vocab", type=positive_int, default=256)
     train_job.add_run_arguments(p, checkpoint_every=4)
     p.add_argument("--demo", action="store_true",
-                   help="make a table, train on 2 workers with a crash, resume on 4, verify "
+                   help="delete --db and --storage-path, make a table, train on 2 workers "
+                        "with a crash, resume on 4, verify "
                         "(with the settings above but its own --workers, --crash-at-step and "
                         "--stop-at-step)")
     p.add_argument("--docs", type=positive_int, default=400,
@@ -187,6 +199,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     db_uri, storage_uri = storage.absolute(args.db), storage.absolute(args.storage_path)
     run_dir = storage.join(storage_uri, args.name)
     check_run_sizes(args.workers, args.num_splits, args.global_batch)
+    check_blocks_per_epoch(args)
     train_job.connect(args.address)
     # Train workers cannot import jobs/ as modules: ship them by value, as `ray job
     # submit` ships a __main__ script.
@@ -259,6 +272,7 @@ def demo(args: argparse.Namespace) -> dict[str, Any]:
     for world_size in (2, 4):
         check_run_sizes(world_size, args.num_splits, args.global_batch,
                         workers_from=f"--demo's world size {world_size} (of 2 and 4)")
+    check_blocks_per_epoch(args)
     for stale in (args.db, args.storage_path):
         shutil.rmtree(stale, ignore_errors=True)
     # Ray first: its processes start with fork+exec, unsafe once Lance runs threads here.

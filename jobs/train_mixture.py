@@ -40,6 +40,7 @@ from ray.train.torch import TorchTrainer
 
 import lance_ray
 import lance_ray.train as lt
+from jobs.args import check_run_sizes, positive_int
 from jobs.train import worker_resources
 
 logger = logging.getLogger("train_mixture")
@@ -218,12 +219,13 @@ def print_proof(p: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/mixture")
-    parser.add_argument("--rows", type=int, default=4000, help="rows of all sources together")
-    parser.add_argument("--num-splits", type=int, default=4)
-    parser.add_argument("--global-batch", type=int, default=40)
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--then", type=int, default=2, help="world size after the resize")
-    parser.add_argument("--checkpoint-every", type=int, default=3)
+    parser.add_argument("--rows", type=positive_int, default=4000,
+                        help="rows of all sources together")
+    parser.add_argument("--num-splits", type=positive_int, default=4)
+    parser.add_argument("--global-batch", type=positive_int, default=40)
+    parser.add_argument("--workers", type=positive_int, default=4)
+    parser.add_argument("--then", type=positive_int, default=2, help="world size after the resize")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=3)
     parser.add_argument("--crash-at-step", type=int, default=5)
     parser.add_argument("--stop-at-step", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -231,6 +233,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="read through a mixture coordinator (Coordinator.create over the "
                              "sources) instead of the checkpoint route")
     args = parser.parse_args(argv)
+    for flag, workers in (("--workers", args.workers), ("--then", args.then)):
+        check_run_sizes(workers, args.num_splits, args.global_batch, workers_from=flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(args.workdir).resolve()
     versions = make_tables(str(workdir / "db"), args.rows)

@@ -66,13 +66,17 @@ def print_proof(report: CoverageReport, attempts: list[str], unit: str = "sample
     return ok
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--storage-path", default="runs/demo/storage")
     p.add_argument("--name", default="demo-run")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     run_dir = storage.join(storage.absolute(args.storage_path), args.name)
-    packed = "pack" in read_json(storage.join(run_dir, "run.json"))
+    run_file = storage.join(run_dir, "run.json")
+    if not storage.exists(run_file):
+        raise SystemExit(f"no run {args.name!r} under {args.storage_path} ({run_file} does not "
+                         "exist): pass the --storage-path and --name the run was trained with")
+    packed = "pack" in read_json(run_file)
     ok = print_proof(*verify_run(run_dir), unit="block" if packed else "sample")
     sys.exit(0 if ok else 1)
 

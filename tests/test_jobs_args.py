@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from jobs import elastic_resume, make_table, train_lm
+from jobs import elastic_resume, make_table, train_lm, train_mixture
 from jobs import train as train_job
 from jobs.args import check_run_sizes
 
@@ -28,6 +28,7 @@ def no_ray(monkeypatch):
     monkeypatch.setattr(train_lm, "start_local_ray", refuse)
     monkeypatch.setattr(elastic_resume, "create_table", refuse)
     monkeypatch.setattr(elastic_resume.ray, "init", refuse)
+    monkeypatch.setattr(train_mixture, "make_tables", refuse)
 
 
 def usage_error(capsys, main, argv) -> str:
@@ -182,6 +183,52 @@ def test_train_lm_demo_forwards_the_run_settings_to_its_jobs(tmp_path, monkeypat
                             ("--checkpoint-every", "2"), ("--seed", "3"),
                             ("--blocks-per-epoch", "64"), ("--max-failures", "1")]:
             assert argv[argv.index(flag) + 1] == value, (flag, argv)
+
+
+def test_train_lm_refuses_a_negative_blocks_per_epoch(capsys, no_ray):
+    err = usage_error(capsys, train_lm.main, ["--blocks-per-epoch", "-8"])
+    assert "--blocks-per-epoch" in err, err
+
+
+@pytest.mark.parametrize("demo", [[], ["--demo"]])
+def test_train_lm_refuses_blocks_per_epoch_that_splits_do_not_share(tmp_path, no_ray, demo):
+    with pytest.raises(SystemExit, match=r"--blocks-per-epoch \(10\).*--num-splits \(4\)"):
+        train_lm.main([*demo, "--db", str(tmp_path / "db"), "--blocks-per-epoch", "10"])
+
+
+def test_a_resumed_lm_run_refuses_another_blocks_per_epoch(tmp_path):
+    from lance_ray.storage import write_json_atomic
+
+    args = train_lm.parser().parse_args(["--blocks-per-epoch", "16"])
+    saved = {"reader": args.reader, "vocab": 256, "pack": {
+        "num_splits": 4, "global_batch": 8, "block_len": 128, "blocks_per_epoch": 8}}
+    write_json_atomic(tmp_path / "run.json", saved)
+    with pytest.raises(SystemExit, match="'blocks_per_epoch': 8"):
+        train_lm.run_spec(args, "unused", str(tmp_path))
+    args.blocks_per_epoch = 0  # every token: the first job's count stands
+    assert train_lm.run_spec(args, "unused", str(tmp_path)) == saved
+
+
+# --- jobs/train_mixture.py --------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, match", [
+    (["--workers", "3"], "--workers.*do not divide"), (["--then", "3"], "--then.*do not divide"),
+    (["--global-batch", "2"], "not a multiple of num_splits")])
+def test_train_mixture_checks_its_sizes_before_making_tables(tmp_path, no_ray, argv, match):
+    with pytest.raises(SystemExit, match=match):
+        train_mixture.main(["--workdir", str(tmp_path), *argv])
+
+
+def test_train_mixture_refuses_sizes_that_are_not_positive(capsys, tmp_path, no_ray):
+    err = usage_error(capsys, train_mixture.main, ["--workdir", str(tmp_path), "--rows", "0"])
+    assert "--rows" in err, err
+
+
+def test_verify_names_the_options_when_there_is_no_such_run(tmp_path):
+    from jobs import verify
+
+    with pytest.raises(SystemExit, match="no run 'nope'.*--storage-path and --name"):
+        verify.main(["--storage-path", str(tmp_path), "--name", "nope"])
 
 
 # --- the docs' shell recipes ------------------------------------------------------------
