@@ -264,6 +264,7 @@ def test_merge_mixture_rank_states_and_inspect_refuses_them_by_name(capsys, tabl
     report = json.loads(out)
     assert report["total_consumed"] == sum(sum(s["samples_consumed_per_split"])
                                            for s in merged["sources"]) == 4
+    assert report["num_splits"] == 4  # the mixture's (every source's), not their sum
     code, _, err = run(capsys, "inspect", str(tmp_path / "m.json"))
     assert code == 2 and "MixtureDataset state" in err and err.count("\n") == 1
 
@@ -280,6 +281,11 @@ def test_plan_of_index_mode_with_clumps_does_not_say_they_have_no_effect(capsys,
 
 
 # ----------------------------------------------------------------------- bad input
+
+
+def test_plan_of_a_remote_table_uri_names_it_and_the_way_to_read_it(capsys):
+    code, _, err = run(capsys, "plan", "db://mydb/train", "--num-splits", "4")
+    assert code == 2 and "remote LanceDB table" in err and "connection_factory" in err, err
 
 
 def _write(path: Path, text: str) -> str:

@@ -91,7 +91,7 @@ def assert_within_one(sources: list[int]) -> None:
             (k, counts)
 
 
-def test_the_coordinators_state_is_the_merged_checkpoint_route_state(make, tables):
+def test_the_coordinators_state_is_the_merged_checkpoint_route_state(make, tables, capsys):
     coord = make("mix_state", 2)
     views = attached(coord, 2)
     got = step(batches(views, 2), 5)
@@ -100,6 +100,7 @@ def test_the_coordinators_state_is_the_merged_checkpoint_route_state(make, table
     status = wait_sealed(coord, 5)
     assert status["mixture"] and status["sealed_rows"] == len(flat(got)) == 5 * GLOBAL_BATCH
     print_status({"namespace": coord.namespace, **status})  # `lance_ray status NAME`
+    assert "sources " in capsys.readouterr().out  # a mixture has no one table version
     merged = lance_ray.merge_state_dicts([ds.state_dict() for ds in ours])
     assert coord.state_dict() == merged
     assert lance_ray.merge_state_dicts([v.state_dict() for v in views]) == merged

@@ -52,7 +52,7 @@ def _summary(state: dict[str, Any]) -> dict[str, Any]:
         parts = [_summary(source) for source in state["sources"]]
         return {"epoch": mix["epoch"], "global_step": mix["global_step"],
                 "total_consumed": sum(p["total_consumed"] for p in parts),
-                "num_splits": sum(p["num_splits"] for p in parts)}
+                "num_splits": mix["num_splits"]}  # every source's, the mixture's
     extra = state.get(EXTRA_KEY) or {}
     return {"epoch": state["epoch"], "num_splits": state["num_splits"],
             "global_step": extra.get("global_step"),

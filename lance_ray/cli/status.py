@@ -85,7 +85,8 @@ def print_status(s: dict[str, Any]) -> None:
     pending = s.get("pending_steps") or []
     print_fields([
         ("coordinator", f"{s['name']} (namespace {s['namespace']})"),
-        ("table_version", s.get("table_version")),
+        (("sources", ", ".join(s["sources"])) if s.get("mixture")
+         else ("table_version", s.get("table_version"))),
         ("epoch", s["epoch"]),
         ("world size", f"{s['world_size']} ({s['num_splits']} splits)"),
         ("sealed step", s["sealed_step"]),

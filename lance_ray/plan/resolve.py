@@ -87,6 +87,12 @@ def resolve_table(
         import lance
 
         uri = os.fspath(table)
+        if uri.startswith("db://"):
+            raise ValueError(
+                f"{uri!r} names a remote LanceDB table, which has no Lance dataset to open by "
+                "URI: pass the table itself (lancedb.connect(...).open_table(name), with "
+                "connection_factory) to StreamingDataset; the CLI, the coordinator, "
+                "plan='index' and version leases need a Lance dataset (docs/remote-tables.md)")
         try:
             current = lance.dataset(
                 uri, storage_options=storage_options() if storage_options else None
