@@ -109,3 +109,26 @@ def test_strings_and_nulls_keep_their_rows_through_reads_and_loader_workers(tmp_
             assert b["maybe"] == [None if i % 7 == 0 else float(i) for i in batch_ids]
             got += batch_ids
         assert got == expected
+
+
+@pytest.mark.parametrize("column", [
+    pa.array([None, 1.5, 2.5], pa.float32()),
+    pa.array([None, 1, 2], pa.int64()),
+    pa.array([[1, None], [2, 3], [4, 5]], pa.list_(pa.int32(), 2)),  # a null element
+])
+def test_a_batch_joining_reads_with_and_without_nulls_is_lists_and_says_so(column, caplog):
+    """A numeric column is a tensor in a read without nulls and Python values in one with
+    (never NaN-filled floats): a batch spanning both holds the rows' values, once warned."""
+    import lance_ray.read.convert as convert
+
+    convert._told_nulls.discard("x")
+    clean = pa.RecordBatch.from_pydict({"x": column.slice(1)})
+    with_null = pa.RecordBatch.from_pydict({"x": column.slice(0, 1)})
+    with caplog.at_level("WARNING", logger="lance_ray"):
+        parts = [to_columns(clean), to_columns(with_null), to_columns(clean)]
+        to_columns(with_null)
+    assert isinstance(parts[0].data["x"], torch.Tensor)
+    joined = Columns.concat(parts).batch()["x"]
+    assert joined == column.slice(1).to_pylist() + column.slice(0, 1).to_pylist() \
+        + column.slice(1).to_pylist()
+    assert caplog.text.count("column 'x' holds nulls") == 1

@@ -8,6 +8,7 @@ offsets), anything else (strings, nulls) lists.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,7 +18,18 @@ import pyarrow as pa
 
 from . import buffers
 
+logger = logging.getLogger(__name__)
+_told_nulls: set[str] = set()  # numeric columns whose nulls were logged, once per process
+
 T = TypeVar("T")
+
+
+def _has_tensor_form(t: pa.DataType) -> bool:
+    """Numbers, or fixed-size lists of numbers: columns that are tensors without nulls."""
+    if pa.types.is_fixed_size_list(t):
+        t = t.value_type
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
 
 
 def column_to_numpy(col: pa.Array) -> np.ndarray | None:
@@ -28,17 +40,15 @@ def column_to_numpy(col: pa.Array) -> np.ndarray | None:
     """
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    if col.null_count:
-        return None
     t = col.type
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        return col.to_numpy(zero_copy_only=False)
-    if pa.types.is_fixed_size_list(t) and (
-        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
-    ):
-        values = col.flatten().to_numpy(zero_copy_only=False)
-        return values.reshape(len(col), t.list_size)
-    return None
+    if col.null_count or not _has_tensor_form(t):
+        return None
+    if pa.types.is_fixed_size_list(t):
+        flat = col.flatten()
+        if flat.null_count:  # a null element: numpy would make the ints floats with NaN
+            return None
+        return flat.to_numpy(zero_copy_only=False).reshape(len(col), t.list_size)
+    return col.to_numpy(zero_copy_only=False)
 
 
 @dataclass
@@ -233,13 +243,13 @@ class Columns:
         import torch
 
         data: dict[str, Any] = {}
-        for name, first in parts[0].data.items():
+        for name in parts[0].data:
             values = [p.data[name] for p in parts]
-            if isinstance(first, torch.Tensor):
+            if all(isinstance(v, torch.Tensor) for v in values):
                 data[name] = cat_tensors(values)
             elif all(isinstance(v, Ragged) for v in values):
                 data[name] = Ragged.concat(values)
-            else:  # lists; a ragged column whose elements held nulls in some read
+            else:  # lists: a column that held nulls in some of the reads
                 data[name] = [x for v in values for x in _rows(v)]
         return Columns(data, sum(p.num_rows for p in parts), sum(p.nbytes for p in parts))
 
@@ -249,9 +259,12 @@ class Columns:
         return {k: v.as_dict() if isinstance(v, Ragged) else v for k, v in self.data.items()}
 
 
-def _rows(v: Ragged | list[Any]) -> list[Any]:
+def _rows(v: Any) -> list[Any]:
+    """A column's rows as Python values (what ``to_pylist`` gives)."""
     if isinstance(v, list):
         return v
+    if not isinstance(v, Ragged):  # a tensor
+        return v.tolist()
     values, offsets = v.values.tolist(), v.offsets.tolist()
     return [values[offsets[i] : offsets[i + 1]] if v.valid[i] else None for i in range(len(v))]
 
@@ -275,6 +288,12 @@ def to_columns(batch: pa.RecordBatch | pa.Table, order: np.ndarray | None = None
         if rows is not None:
             data[name] = rows
             continue
+        if _has_tensor_form(col.type) and name not in _told_nulls:  # so, nulls
+            _told_nulls.add(name)
+            logger.warning(
+                "column %r holds nulls: a batch with rows of a read that holds one gets it "
+                "as a Python list (None for a null), other batches as a tensor; fill the "
+                "nulls (or filter them out) for a tensor in every batch", name)
         values = col if order is None else col.take(pa.array(order))
         data[name] = values.to_pylist()
     return Columns(data, batch.num_rows, batch.nbytes)
