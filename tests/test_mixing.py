@@ -290,6 +290,25 @@ def test_edited_states_are_refused_and_change_nothing(table_factory, stop, world
     resumed.load_state_dict(good)  # the state as saved still loads
 
 
+def test_a_state_refused_on_another_world_size_changes_nothing_mid_epoch(table_factory):
+    """Under ``all_exhausted`` a state that would leave the ranks unequal shares is refused
+    when the new phase is computed: the rank goes on from where it was, as if never asked."""
+    a, b = table_factory(40), table_factory(24)
+    one = mixture([a, b], [3, 1], stop="all_exhausted")
+    run(one, 3, limit=1)
+    uneven = json.loads(json.dumps(one.state_dict()))
+    ds = mixture([a, b], [3, 1], stop="all_exhausted", world_size=2)
+    it = ds.iter_batches(3)
+    head = [samples(next(it)) for _ in range(2)]
+    del it
+    before = ds.state_dict()
+    with pytest.raises(ValueError, match="unequal samples"):
+        ds.load_state_dict(uneven)
+    assert ds.state_dict() == before
+    assert head + run(ds, 3) == run(mixture([a, b], [3, 1], stop="all_exhausted",
+                                            world_size=2), 3)
+
+
 def test_states_save_and_load_as_json_files(table_factory, tmp_path):
     tables = [table_factory(n) for n in (96, 40)]
     ds = mixture(tables, [3, 1])

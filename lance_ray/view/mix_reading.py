@@ -138,8 +138,8 @@ class MixProgress:
                      end: int | None = None) -> None:
         """Steps run from ``step``; ``remaining[i][r]``: samples rank ``r`` has left of
         source ``i``'s pass (known for every rank: an epoch's start or a complete state)."""
-        self._step = step
-        self._end = self._phase_end(remaining, step) if end is None else end
+        end = self._phase_end(remaining, step) if end is None else end  # may refuse: first
+        self._step, self._end = step, end
         self._left = [r[self.rank] for r in remaining]  # this rank, in the current pass
 
     def _phase_end(self, remaining: list[list[int]], step: int) -> int:
