@@ -529,6 +529,19 @@ def test_packed_blocks_hold_the_mixture_documents_in_order(doc_sources):
     assert all((t >= 102) == (s == 1) for t, s in zip(flat_ids, src) if t > 1)
 
 
+def test_a_packed_mixture_and_its_loader_have_no_len_but_iterate_whole(doc_sources):
+    """Its blocks are known only once its documents are read: len() raises TypeError (as
+    for an iterable without a length) instead of counting documents as blocks."""
+    sources, _ = doc_sources
+    ds = _packed(sources)
+    loader = lance_ray.StreamingDataLoader(_packed(sources), batch_size=2)
+    for sized in (ds, loader):
+        with pytest.raises(TypeError, match="packed mixture has no len"):
+            len(sized)
+    blocks = list(_packed(sources))
+    assert len(list(ds)) == len(blocks) and len(list(loader)) == -(-len(blocks) // 2)
+
+
 @settings(max_examples=10, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.integers(0, 12), st.sampled_from([(1, 1), (2, 2), (2, 1), (2, 4), (1, 2), (4, 2)]),
