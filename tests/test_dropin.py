@@ -568,3 +568,55 @@ def test_loader_dataset_reaches_the_dataset_as_in_the_reference(table, num_worke
     assert (loader.dataset.num_splits, callable(loader.dataset.set_epoch)) == (SPLITS, True)
     with pytest.raises(AttributeError, match="no attribute 'nothing_of_that_name'"):
         loader.dataset.nothing_of_that_name  # noqa: B018
+
+
+def _described(x: Any) -> Any:
+    """A value's types, dtypes, shapes and values, to compare loaders' outputs exactly."""
+    if isinstance(x, torch.Tensor):
+        return "tensor", x.dtype, tuple(x.shape), x.tolist()
+    if isinstance(x, dict):
+        return {k: _described(v) for k, v in x.items()}
+    return [_described(v) for v in x] if isinstance(x, list) else (type(x).__name__, x)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("packed", [False, True])
+def test_an_unbatched_loader_gives_the_reference_loaders_samples_and_states(
+        table, token_table, num_workers, packed):
+    """``batch_size=None`` (torch's unbatched mode): each sample through ``collate_fn``
+    (default ``default_convert``), one committed sample per ``next()``; a resume goes on."""
+    from lancedb.streaming import StreamingDataLoader as RefLoader
+
+    if packed:
+        tokens, _ = token_table
+        kw = {"num_splits": 4, "columns": ["tokens"], "pack_sequences": 8, "eos_id": 0,
+              "pad_id": 1, "blocks_per_epoch": 40}
+        make_ours = lambda: lance_ray.StreamingDataset(tokens, reader="local", **kw)  # noqa: E731
+        make_theirs = lambda: reference.StreamingDataset(tokens, **kw)  # noqa: E731
+    else:
+        make_ours = lambda: ours(table, columns=["id"])  # noqa: E731
+        make_theirs = lambda: theirs(table)  # noqa: E731
+    ref_ds, ds = make_theirs(), make_ours()
+    ref_it = iter(RefLoader(ref_ds, batch_size=None))
+    it = iter(lance_ray.StreamingDataLoader(ds, None, num_workers=num_workers))
+    head = [_described(next(it)) for _ in range(8)]  # a packed state: after whole steps
+    assert head == [_described(next(ref_it)) for _ in range(8)]
+    assert ds.state_dict()["samples_consumed_per_split"] == \
+        ref_ds.state_dict()["samples_consumed_per_split"]
+    resumed = make_ours()
+    resumed.load_state_dict(ds.state_dict())
+    rest = [_described(x) for x in lance_ray.StreamingDataLoader(
+        resumed, batch_size=None, collate_fn=lambda item: item)]
+    assert head + rest == [_described(torch.utils.data.default_convert(x))
+                           for x in make_ours()]
+
+
+def test_loader_arguments_may_be_given_in_dataloaders_positional_order(table):
+    from torch.utils.data import default_collate
+
+    loader = lance_ray.StreamingDataLoader(ours(table), 8, None, None, None, 0,
+                                           default_collate)
+    assert [batch_ids(b) for b in loader] == [batch_ids(b) for b in
+                                              ours(table).iter_batches(8)]
+    with pytest.raises(TypeError, match="multiple values for argument 'num_workers'"):
+        lance_ray.StreamingDataLoader(ours(table), 8, None, None, None, 0, num_workers=1)

@@ -17,6 +17,7 @@ from ..read.transform import portable_items
 from ..stream.order import RankStream
 from .dataset import StreamingDataset
 from .iteration import Lease, leased, timed
+from .loader_args import EachSample, dataloader_arguments
 from .packed import PackedMode
 from .placement import loader_placement, placed
 from .reading import Pass
@@ -183,7 +184,9 @@ class StreamingDataLoader(DataLoader):
     ``iter_batches``: workers read and arrange its documents, this process packs them.
     ``pin_memory=True`` (torch's meaning; ``pin_memory_device`` "" or "cuda[:N]") returns
     the tensors in pinned host memory, pinned a few batches ahead on threads; without CUDA it
-    warns as torch does and returns them unpinned.
+    warns as torch does and returns them unpinned. ``batch_size=None`` is torch's unbatched
+    mode: each sample through ``collate_fn`` (default ``default_convert``). Arguments may be
+    given in ``DataLoader``'s positional order.
     """
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -194,7 +197,9 @@ class StreamingDataLoader(DataLoader):
         return super().__new__(cls)
 
     @numpy_scalars_accepted
-    def __init__(self, dataset: StreamingDataset, batch_size: int = 1, *, num_workers: int = 0,
+    @dataloader_arguments
+    def __init__(self, dataset: StreamingDataset, batch_size: int | None = 1, *,
+                 num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
                  persistent_workers: bool = False, pin_memory: bool = False,
                  pin_memory_device: str = "", **kwargs: Any) -> None:
@@ -210,6 +215,8 @@ class StreamingDataLoader(DataLoader):
                 "dataset's batches itself), so the override would be silently ignored. "
                 "Iterate the subclass with a plain loop, or move its logic into a transform"
             )
+        if batch_size is None:  # torch's unbatched mode
+            batch_size, collate_fn = 1, EachSample(collate_fn)
         positive_int("batch_size", batch_size)
         if drop_last:
             raise ValueError(

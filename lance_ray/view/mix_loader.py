@@ -21,6 +21,7 @@ from ..read.batching import Batch, assemble, requests_for
 from ..read.requests import NO_COST, ReadCost
 from ..stream.order import RankStream, stream_for
 from .iteration import Lease, leased, timed
+from .loader_args import dataloader_arguments
 from .mix_batches import MixBatch, mixed_batch
 from .workers import ForwardsToDataset, TravelsByValue, prepare_workers
 
@@ -137,6 +138,7 @@ class MixtureDataLoader(DataLoader):
     (the same with any ``num_workers``), committed when ``next()`` returns them, so the
     mixture's ``state_dict()`` is exact after every batch."""
 
+    @dataloader_arguments
     def __init__(self, dataset: MixtureDataset, batch_size: int = 1, *, num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
                  persistent_workers: bool = False, **kwargs: Any) -> None:
