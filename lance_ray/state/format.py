@@ -177,9 +177,10 @@ def parse_state(state: object, split_len: int | None = None, *, packed: bool = F
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
     if "pack_buffers" in state and not packed:
-        raise ValueError("this is a packed state (pack_sequences="
-                         f"{state.get('pack_sequences')!r}): load it into a dataset constructed "
-                         "with the same pack_sequences, eos_id, pad_id and blocks_per_epoch")
+        raise ValueError(f"pack_sequences mismatch: checkpoint has "
+                         f"{state.get('pack_sequences')!r}, dataset has None; this is a packed "
+                         "state: load it into a dataset constructed with the same "
+                         "pack_sequences, eos_id, pad_id and blocks_per_epoch")
     missing = [k for k in REFERENCE_KEYS if k not in state]
     if missing:
         raise ValueError(

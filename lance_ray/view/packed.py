@@ -165,8 +165,9 @@ class PackedMode:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         view = self.view
         if not is_packed(state):
-            raise ValueError("this state was taken without pack_sequences (it has no "
-                             "pack_buffers) but this dataset packs sequences; load it into a "
+            raise ValueError(f"pack_sequences mismatch: checkpoint has None, dataset has "
+                             f"{self._config.block_len}; this state was taken without "
+                             "pack_sequences (it has no pack_buffers): load it into a "
                              "dataset constructed without pack_sequences")
         parsed = parse_packed_state(state, view._plan.split_len)
         st.check_compatible(state, view._identity)
