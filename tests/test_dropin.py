@@ -220,7 +220,11 @@ def test_a_plain_dataloader_shares_the_splits_and_refuses_to_checkpoint(table):
 
 
 def test_uneven_worker_shares_are_refused_naming_the_fix(table):
-    with pytest.raises(ValueError, match="cannot be shared evenly by 5 DataLoader workers"):
+    for make in (ours, theirs):  # the reference's words, then (ours) the fix
+        with pytest.raises(ValueError, match=r"rank splits \(12\) must be divisible by "
+                                             r"num_workers \(5\)"):
+            list(make(table, worker_info_override=Worker(0, 5)))
+    with pytest.raises(ValueError, match="use a num_workers that divides 12"):
         list(ours(table, worker_info_override=Worker(0, 5)))
 
 

@@ -119,8 +119,9 @@ def worker_share(owned: Sequence[int], worker: WorkerInfo | None) -> tuple[int, 
         raise ValueError(f"worker id {worker.id} is not in [0, {k})")
     if n % k:
         raise ValueError(
-            f"the rank's {n} splits cannot be shared evenly by {k} DataLoader workers; use "
-            f"a num_workers that divides {n}, or StreamingDataLoader (any num_workers)"
+            f"Number of rank splits ({n}) must be divisible by num_workers ({k}): they "
+            f"cannot be shared evenly by the DataLoader workers; use a num_workers that "
+            f"divides {n}, or StreamingDataLoader (any num_workers)"
         )
     per = n // k
     return tuple(owned[worker.id * per:(worker.id + 1) * per])
