@@ -373,3 +373,19 @@ def test_a_loader_over_a_coordinators_view_reads_with_workers(coord_factory, tab
     got = [b["id"].tolist() for _, b in zip(range(5), loader)]
     assert got == uninterrupted(table_1k)[:5]
     assert loader.state_dict() == coord.state_dict()
+
+
+def test_ranks_with_different_batch_sizes_checkpoint_exactly_through_the_coordinator(
+        coord_factory, table_1k):
+    """Their own states break the lockstep assumption (the merge refuses them, naming it);
+    the coordinator hears each rank's own splits, so its state resumes exactly."""
+    coord = coord_factory("uneven", report_policy=ReportPolicy(every_batches=1))
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    its = [v.iter_batches(size) for v, size in zip(views, (4, 12))]
+    seen = [i for _ in range(3) for it in its for i in next(it)["id"].tolist()]
+    with pytest.raises(ValueError, match="lockstep states differ.*batch size"):
+        lance_ray.merge_state_dicts([v.state_dict() for v in views])
+    one = lance_ray.StreamingDataset(table_1k, num_splits=NUM_SPLITS, reader="local")
+    one.load_state_dict(coord.state_dict())
+    rest = [i for b in one.iter_batches(64) for i in b["id"].tolist()]
+    assert sorted(seen + rest) == sorted(i for s in uninterrupted(table_1k) for i in s)

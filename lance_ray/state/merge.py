@@ -113,6 +113,15 @@ def _merged_extra(states: list[dict], step: int | None) -> dict[str, Any]:
 
 def _merge_owned(states: list[dict], parsed: list[Progress]) -> dict[str, Any]:
     check_same_run(states, parsed)
+    lockstep = [p for p in parsed if p.lockstep]
+    if len({(p.samples, p.positions) for p in lockstep}) > 1:
+        # Each is a function of its rank's sample count alone (so ranks in lockstep write
+        # the same one): states that differ cannot say whose splits are whose.
+        raise ValueError(
+            "these lockstep states differ: each assumes that every rank delivered as many "
+            "samples as its own, and these ranks did not (a different batch size on some "
+            "rank?). Give every rank one batch size, or checkpoint such a run through a "
+            "Coordinator, whose views report each rank's own splits")
     owner = split_owners(parsed, states[0]["num_splits"], lambda i, k: (
         (parsed[i].samples[k], parsed[i].positions[k]), f"{parsed[i].samples[k]} samples"))
     samples = [parsed[i].samples[k] for k, i in enumerate(owner)]
