@@ -203,6 +203,25 @@ def test_index_plan_skips_deleted_rows(tmp_path):
     assert set(got) <= alive
 
 
+def test_a_filtered_views_next_epoch_shares_its_rows_instead_of_scanning_again(table_1k):
+    """A view holds this epoch's plan and builds the next one ahead: one row list (4 bytes
+    per matching row) serves both, and goes once no plan holds it."""
+    import gc
+
+    from lance_ray.plan import index
+
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=2, filter="id % 3 != 0",
+                                    plan="index", reader="local")
+    next(ds.iter_batches(8))
+    later = lance_ray.StreamingDataset(table_1k, num_splits=2, filter="id % 3 != 0",
+                                       plan="index", reader="local", epoch=1)
+    rows = ds.plan.computed.rows
+    assert rows.offsets is not None and later.plan.computed.rows is rows
+    del ds, later, rows
+    gc.collect()
+    assert not [k for k in index._row_spaces if k[2] == "id % 3 != 0"]
+
+
 def test_a_checkpoint_of_one_plan_mode_is_refused_by_the_other(table_1k):
     index = lance_ray.StreamingDataset(table_1k, num_splits=4, plan="index", reader="local")
     lancedb = lance_ray.StreamingDataset(table_1k, num_splits=4, reader="local")

@@ -10,8 +10,9 @@ plan from a seeded bijection instead:
   rows it also holds the matching rows' offsets (uint32, 4 bytes per matching row), listed
   once by scanning ``_rowid``.
 * The shuffle is a keyed pseudo-random permutation of ``0 .. C-1`` over clumps (``C = N``
-  without clumps): a balanced Feistel network on the smallest even-bit power of two that is
-  at least ``C``, with cycle-walking (re-applying it until the value falls inside
+  without clumps): a Feistel network on the smallest power of two that is at least ``C``
+  (halves of ``bits // 2`` and ``bits - bits // 2`` bits, trading widths every round when
+  ``bits`` is odd), with cycle-walking (re-applying it until the value falls inside
   ``0 .. C-1``), which keeps it a bijection on ``0 .. C-1``. The round keys come from SHA-512
   of the epoch seed, so every process and platform computes the same order.
 * As in the reference, the shuffled sequence is cut into ``num_splits`` equal runs (split k
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -324,6 +326,17 @@ def index_fingerprint(spec: PlanSpec, splits: ComputedSplits) -> str:
     return h.hexdigest()[:16]
 
 
+# The row spaces of the plans alive in this process, by dataset, version and filter: the
+# next epoch's plan, built while this one's is read, shares its rows, instead of a second
+# scan and a second array (4 bytes per matching row of a filtered table).
+_row_spaces: weakref.WeakValueDictionary[tuple[str, int, str | None], RowSpace] = \
+    weakref.WeakValueDictionary()
+
+
 def build_index_plan(dataset: Any, spec: PlanSpec) -> SplitPlan:
     """The ``plan="index"`` plan of ``spec`` on a ``lance.LanceDataset`` at its version."""
-    return computed_plan(spec, row_space_of(dataset, spec.filter))
+    key = (dataset.uri, dataset.version, spec.filter)
+    rows = _row_spaces.get(key)
+    if rows is None:
+        rows = _row_spaces[key] = row_space_of(dataset, spec.filter)
+    return computed_plan(spec, rows)
