@@ -201,6 +201,14 @@ def test_plan_in_index_mode_reports_the_fingerprint_the_dataset_checks(capsys, t
     assert p["plan_fingerprint"] == ds.identity.plan_fingerprint
 
 
+def test_inspect_names_the_plan_mode_a_state_needs(capsys, table_1k, tmp_path):
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=4, plan="index", reader="local")
+    next(ds.iter_batches(8))
+    save_state(tmp_path / "s.json", ds.state_dict())
+    code, out, _ = run(capsys, "inspect", str(tmp_path / "s.json"))
+    assert code == 0 and "plan='index'" in out, out
+
+
 # ----------------------------------------------------------------------- merge
 
 

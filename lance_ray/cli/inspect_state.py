@@ -196,7 +196,7 @@ def print_state_summary(s: dict[str, Any], source: str, *, show_all: bool = Fals
         ("shuffle_seed", s["shuffle_seed"]),
         ("num_splits", s["num_splits"]),
         ("table_version", "unknown" if s["table_version"] is None else s["table_version"]),
-        ("plan", "unknown" if fp is None else f"fingerprint {fp}, "
+        ("plan", "unknown" if fp is None else f"plan={s['plan']!r}, fingerprint {fp}, "
          + ("shuffled" if s["shuffle"] else "sequential")
          + (f", clump size {clump}" if clump is not None else "")
          + (f", filter {s['filter']!r}" if s["filter"] is not None else ", no filter")),
