@@ -251,6 +251,15 @@ def test_a_failed_create_of_a_live_mixtures_name_leaves_that_run_running(make, t
     assert len(next(ds.iter_batches(4))["id"]) == 4
 
 
+def test_a_failed_mixture_create_leaves_no_version_tag_on_its_sources(make, tables,
+                                                                     table_factory):
+    tiny = table_factory(2)  # its third source is too small: the create fails after two
+    with pytest.raises(ValueError, match="larger than the number of rows"):
+        make("tagless-mix", 2, of=[*tables[:2], tiny])
+    for t in (*tables[:2], tiny):
+        assert not [tag for tag in t.to_lance().tags.list() if "tagless-mix" in tag]
+
+
 def test_a_mixture_coordinator_refuses_what_belongs_to_its_sources(ray_session, tables,
                                                                    tmp_path):
     sources = [Source(t) for t in tables]

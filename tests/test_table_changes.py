@@ -97,3 +97,11 @@ def test_a_run_never_moves_its_lease_to_another_version(ray_session, fresh_table
     with pytest.raises(ValueError, match="holds version"):
         Coordinator.create(fresh_table, "moving", storage_path=str(tmp_path), world_size=1,
                            num_splits=4)
+
+
+def test_run_names_that_differ_only_in_punctuation_never_share_a_tag():
+    from lance_ray.plan.table import lease_tag
+
+    names = ["exp-1", "exp.1", "exp/1", "exp:1", "exp_1"]
+    assert len({lease_tag(n) for n in names}) == len(names)
+    assert lease_tag("exp-1") == "lance_ray-exp-1"  # a name a tag can hold keeps its tag

@@ -40,6 +40,7 @@ class Coordinator:
     """Driver-side handle of a coordinator actor."""
 
     created = False  # whether ``create`` made the actor (False: it found it alive)
+    leased = False  # whether ``create`` made the tag that pins the run's table version
 
     def __init__(self, handle: Any, name: str, namespace: str,
                  sources: list[Coordinator] | None = None):
@@ -191,7 +192,7 @@ class Coordinator:
                     release_lease(ref, name)
             raise
         coordinator = cls(handle, name, namespace)
-        coordinator.created = True
+        coordinator.created, coordinator.leased = True, bool(leased)
         return coordinator
 
     @classmethod

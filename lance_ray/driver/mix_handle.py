@@ -88,8 +88,11 @@ def create_mixture(cls: Any, sources: Sequence[Source], name: str, *,
             storage_options, storage_retry, asdict(policy))
         live = constructed(handle, handle.describe.remote(), name, namespace)
     except BaseException:
-        for c in made:  # a half-made run leaves no actors of its own behind (files stay)
+        for c in made:  # a half-made run leaves no actors or tags of its own (files stay)
             if c.created:  # never one it found alive: that may be a live run's
+                if c.leased:  # a tag left would refuse the next create
+                    with contextlib.suppress(Exception):
+                        c.release_version()
                 with contextlib.suppress(Exception):
                     ray.kill(c.handle, no_restart=True)
         raise

@@ -8,6 +8,7 @@ the table is opened. Remote LanceDB tables (``db://``) resolve to ``remote.Remot
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -179,8 +180,12 @@ def check_columns(table: TableRef, columns: list[str] | None) -> list[str] | Non
 
 
 def lease_tag(run: str) -> str:
-    """The Lance tag that pins a run's table version (tags survive version cleanup)."""
+    """The Lance tag that pins a run's table version (tags survive version cleanup). A name
+    with characters a tag cannot hold gets them replaced and a hash of the whole name, so
+    runs ``exp.1`` and ``exp-1`` never share (and release) one tag."""
     safe = re.sub(r"[^A-Za-z0-9_-]", "-", run)
+    if safe != run:
+        safe += "-" + hashlib.sha256(run.encode()).hexdigest()[:8]
     return f"lance_ray-{safe}"
 
 
