@@ -105,3 +105,24 @@ def test_run_names_that_differ_only_in_punctuation_never_share_a_tag():
     names = ["exp-1", "exp.1", "exp/1", "exp:1", "exp_1"]
     assert len({lease_tag(n) for n in names}) == len(names)
     assert lease_tag("exp-1") == "lance_ray-exp-1"  # a name a tag can hold keeps its tag
+
+
+def test_a_checkpoint_never_loads_into_a_table_dropped_and_created_again(tmp_path):
+    """The new table reaches the same version number with other rows: refused by name."""
+    import lancedb
+
+    db = lancedb.connect(str(tmp_path))
+    old = db.create_table("t", pa.table({"id": np.arange(100)}))
+    ds = lance_ray.StreamingDataset(old, num_splits=4, reader="local")
+    next(ds.iter_batches(8))
+    state = ds.state_dict()
+    db.drop_table("t")
+    new = db.create_table("t", pa.table({"id": np.arange(1000, 1100)}))
+    assert new.version == state["lance_ray"]["table_version"]
+    again = lance_ray.StreamingDataset(new, num_splits=4, reader="local")
+    with pytest.raises(ValueError, match="table_commit mismatch.*dropped and created again"):
+        again.load_state_dict(state)
+    with pytest.raises(ValueError, match="table_commit mismatch"):
+        lance_ray.merge_state_dicts([state, again.state_dict()])
+    del state["lance_ray"]["table_commit"]  # a state saved before commits were recorded
+    again.load_state_dict(state)

@@ -24,9 +24,7 @@ from ..plan.generation import file_name, publish_on_nodes, remove_on_nodes
 from ..plan.pack_args import PackOptions
 from ..plan.sources import next_epoch, plan_for
 from ..plan.splits import PlanSpec, SplitPlan
-from ..plan.table import (
-    TableRef,
-)
+from ..plan.table import TableRef, table_commit
 from ..state import format as st
 from ..state import ledger as lg
 from ..state.packed import parse_packed_state
@@ -76,7 +74,7 @@ class CoordinatorActor:
                  packing: dict[str, Any] | None = None):
         self._name = name
         self._report_policy = ReportPolicy(**(report_policy or {}))
-        self._table = table
+        self._table, self._commit = table, table_commit(table)
         self._spec = PlanSpec(**spec)
         self._rows = rows
         self._packed = None if packing is None else \
@@ -200,6 +198,10 @@ class CoordinatorActor:
             self._plans.prefetch(epoch + 1)
         return plan
 
+    def _identity(self, epoch: int) -> st.PlanIdentity:
+        """What a state of ``epoch`` must agree with."""
+        return self._plan(epoch).identity(self._commit)
+
     def plan_part(self, epoch: int, first: int, count: int) -> SplitPlan:
         return self._plan(epoch).splits(first, count)
 
@@ -218,7 +220,7 @@ class CoordinatorActor:
                 self._built = (sealed, self._packed.state(self._table, self._plan(sealed.epoch),
                                                           sealed))
             return self._built[1]
-        return st.make_state(self._plan(sealed.epoch).identity(), list(sealed.samples),
+        return st.make_state(self._identity(sealed.epoch), list(sealed.samples),
                              list(sealed.positions), world_size=sealed.world_size, rank=None,
                              global_step=sealed.step)
 
@@ -300,7 +302,7 @@ class CoordinatorActor:
                 return
             progress = st.parse_state(state)
             epoch = state["epoch"]
-            st.check_compatible(state, self._plan(epoch).identity())
+            st.check_compatible(state, self._identity(epoch))
             if not progress.is_complete:
                 raise ValueError(
                     "the coordinator needs a merged state covering every split; merge the "

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..plan.pack_args import PackOptions
 from ..plan.splits import SplitPlan
-from ..plan.table import TableRef
+from ..plan.table import TableRef, table_commit
 from ..read.take import take_in_order
 from ..read.tokens import auto_budget, say_auto_budget, split_token_totals
 from ..state import format as st
@@ -132,7 +132,8 @@ class PackedRun:
                                  sealed.buffered[k], reader(k), self.options.eos_id)
                   for k in range(self.num_splits)]
         budget = self.budget(table, plan)
-        return make_packed_state(plan.identity(), self._config(budget), budget, splits,
+        return make_packed_state(plan.identity(table_commit(table)), self._config(budget),
+                                 budget, splits,
                                  world_size=sealed.world_size, rank=None,
                                  global_step=sealed.step)
 
@@ -141,7 +142,7 @@ class PackedRun:
         """The sealed progress of the packed checkpoint ``state``, which becomes the epoch's
         starting point (its buffers are kept: later buffers may reach back into them)."""
         parsed = parse_packed_state(state, plan.split_len)
-        st.check_compatible(state, plan.identity())
+        st.check_compatible(state, plan.identity(table_commit(table)))
         budget = self.budget(table, plan)
         check_packing_matches(state, self._config(budget), budget)
         if not parsed.owner.is_complete:

@@ -109,8 +109,9 @@ class SplitPlan:
         positions = np.asarray(positions, dtype=np.int64)
         return self.rows_at(np.full(positions.shape, split, dtype=np.int64), positions)
 
-    def identity(self) -> PlanIdentity:
-        """What a state must agree with before it may be applied to this plan."""
+    def identity(self, table_commit: str | None = None) -> PlanIdentity:
+        """What a state must agree with before it may be applied to this plan (of the table
+        version made by commit ``table_commit``, where known)."""
         s = self.spec
         return PlanIdentity(
             s.num_splits,
@@ -123,6 +124,7 @@ class SplitPlan:
             s.filter,
             s.shuffle_clump_size,
             s.plan,
+            table_commit,
         )
 
     def rows_at(self, splits: np.ndarray, positions: np.ndarray) -> np.ndarray:

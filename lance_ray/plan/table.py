@@ -114,6 +114,17 @@ class TableRef:
         return self.open_lance()._take_rows(row_ids.tolist(), columns=columns)
 
 
+def table_commit(table: Any) -> str | None:
+    """The id of the commit that made ``table``'s pinned version (its Lance transaction's
+    uuid), which a version number alone is not: a table dropped and created again reaches
+    the same versions with other rows. None where it cannot be read (a remote table, a
+    version whose transaction file is gone)."""
+    try:
+        return str(table.open_lance().read_transaction(table.version).uuid)
+    except Exception:  # lance raises by backend; no commit id only skips the check
+        return None
+
+
 def _open_lance(uri: str, version: int, storage_options: StorageOptionsFactory | None) -> Any:
     if not hashable(storage_options):  # a factory that cannot key the cache opens each time
         return _open_lance_uncached(uri, version, storage_options)

@@ -50,6 +50,9 @@ class PlanIdentity:
     filter: str | None
     shuffle_clump_size: int | None
     plan: str = "lancedb"  # the plan mode; states record it only when it is not the default
+    # The commit that made the table version (plan.table.table_commit): a table dropped and
+    # re-created reaches the same version number with other rows. None: not known.
+    table_commit: str | None = None
 
 
 
@@ -117,6 +120,8 @@ def make_state(
         extra["lockstep"] = True
     if identity.plan != "lancedb":  # lancedb-mode states keep the format unchanged
         extra["plan"] = identity.plan
+    if identity.table_commit is not None:
+        extra["table_commit"] = identity.table_commit
     return {
         "shuffle_seed": identity.shuffle_seed,
         "num_splits": identity.num_splits,
@@ -264,6 +269,13 @@ def check_compatible(state: dict, identity: PlanIdentity) -> None:
             raise ValueError(
                 f"{key} mismatch: checkpoint has {theirs!r}, dataset has {ours!r}; {fix}"
             )
+    theirs, ours = extra.get("table_commit"), identity.table_commit
+    if None not in (theirs, ours) and theirs != ours:  # a state without it is not checked
+        raise ValueError(
+            f"table_commit mismatch: checkpoint has {theirs!r}, dataset has {ours!r}: version "
+            f"{identity.table_version} of this table was made by another commit than the "
+            "checkpoint's (was the table dropped and created again?), so its rows are not "
+            "the checkpoint's; resume on the table the checkpoint was taken on")
 
 
 def check_loadable_on(progress: Progress, topology: Topology) -> None:

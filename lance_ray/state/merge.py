@@ -62,7 +62,10 @@ def check_same_run(states: list[dict], parsed: list[Progress]) -> None:
     """Raise unless lance_ray ``states`` come from one plan and one global step."""
     first_extra = states[0][EXTRA_KEY]
     for s in states[1:]:
-        for key in ("plan", *IDENTITY_FIXES):
+        for key in ("plan", "table_commit", *IDENTITY_FIXES):
+            if key == "table_commit" and None in (s[EXTRA_KEY].get(key),
+                                                  first_extra.get(key)):
+                continue  # a state saved before commits were recorded: not known
             if s[EXTRA_KEY].get(key) != first_extra.get(key):
                 raise ValueError(
                     f"{key} mismatch across state dicts: {s[EXTRA_KEY].get(key)!r} != "

@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 from ..checks import numpy_scalars_accepted
 from ..plan.sources import PlanSource
 from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
-from ..plan.table import TableRef, check_columns
+from ..plan.table import TableRef, check_columns, table_commit
 from ..state import format as st
 from ..state.contract import Stateful
 from ..stream.cursor import Cursor
@@ -113,7 +113,7 @@ class ViewCore:
 
     def _install_plan(self, spec: PlanSpec, plan: SplitPlan) -> None:
         """Switch to ``plan`` from its start; any running iterator becomes stale."""
-        self._plan, self._identity = plan, plan.identity()
+        self._plan, self._identity = plan, plan.identity(table_commit(self._table))
         self._spec = spec
         self._planned_ahead = False
         zeros = [0] * spec.num_splits
