@@ -137,3 +137,20 @@ def test_without_a_measured_cost_or_output_size_tasks_only_cut_reads():
     assert task_shape(600, Capacity(4, 1 << 40), seconds_per_row=None, in_row_bytes=80,
                       out_row_bytes=None, read_bytes=64 * MB, most_rows=1024,
                       budget_cap=None, consumer=HELD).rows == 50
+
+
+def test_a_request_no_node_can_meet_fails_naming_it_instead_of_hanging(ray_session, table_1k,
+                                                                        monkeypatch, caplog):
+    """Ray holds a task no node can run for ever (an autoscaler might add a node): the
+    reader says so at once, waits LANCE_RAY_NODE_WAIT_S for one, then fails naming it."""
+    import pytest
+
+    import lance_ray
+
+    monkeypatch.setenv("LANCE_RAY_NODE_WAIT_S", "1")
+    ds = lance_ray.StreamingDataset(table_1k, num_splits=4, reader="ray",
+                                    ray_remote_args={"resources": {"no_such_node": 1}})
+    with caplog.at_level("WARNING", logger="lance_ray"), \
+            pytest.raises(ValueError, match=r"no node .*'no_such_node': 1\.0.*none joined in 1 s"):
+        next(ds.iter_batches(8))
+    assert "waiting up to 1 s" in caplog.text

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,12 +97,32 @@ def slots_on(nodes: Sequence[Mapping[str, float]], need: Mapping[str, float]) ->
 
 
 def capacity(remote_args: Mapping[str, Any] | None) -> Capacity:
-    """The connected cluster's :class:`Capacity` for tasks with ``remote_args``."""
+    """The connected cluster's :class:`Capacity` for tasks with ``remote_args``. While no
+    node can run one such task it waits for one to join (an autoscaler may add it), saying
+    so at once, and raises after ``LANCE_RAY_NODE_WAIT_S`` (default 300 s): Ray would
+    otherwise hold the tasks, and the trainer, for ever."""
     import ray
 
     need = task_demand(remote_args)
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    usable = [n for n in nodes if slots_on([n], need)]
+    waited_since = None
+    while True:
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        usable = [n for n in nodes if slots_on([n], need)]
+        if usable:
+            break
+        have = sorted({tuple(sorted((k, n.get(k, 0.0)) for k in need)) for n in nodes})
+        what = (f"no node of the Ray cluster can run a read task asking for {need} "
+                f"(ray_remote_args={dict(remote_args or {})!r}); its nodes have "
+                f"{[dict(h) for h in have]}")
+        wait_s = float(os.environ.get("LANCE_RAY_NODE_WAIT_S", "300"))
+        if waited_since is None:
+            waited_since = time.monotonic()
+            logger.warning("%s: waiting up to %.0f s (LANCE_RAY_NODE_WAIT_S) for a node "
+                           "that has it to join", what, wait_s)
+        if time.monotonic() - waited_since >= wait_s:
+            raise ValueError(f"{what}, and none joined in {wait_s:.0f} s: lower the request "
+                             "in ray_remote_args, or add a node that has it")
+        time.sleep(min(1.0, wait_s))
     store = sum(int(n.get("object_store_memory", 0)) for n in usable)
     return Capacity(max(1, slots_on(usable, need)), int(store * STORE_SHARE))
 
