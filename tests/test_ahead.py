@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lance_ray.read.ahead import THREAD_PREFIX, Held, ahead
+from lance_ray.read.ahead import THREAD_PREFIX, Held, Started, ahead
 
 WAIT = 10.0  # seconds: far above any honest wait here, only a guard against hanging
 
@@ -229,3 +229,28 @@ def test_a_generator_closed_on_its_own_pool_thread_does_not_hang(no_thread_left)
 
 def test_instant_items_are_all_computed_and_the_threads_stop(no_thread_left) -> None:
     assert list(ahead(str, itertools.repeat(7, 500), 2, threads=2)) == ["7"] * 500
+
+
+def test_ctrl_c_while_the_first_item_is_made_closes_the_items_cleanly():
+    """Ctrl-C in the wait for the first item is a KeyboardInterrupt, and close() waits for
+    the start to leave the items before closing them (it raised "generator already
+    executing" once an interrupted join let it through early)."""
+    import os
+    import signal
+
+    release, closed = threading.Event(), []
+
+    def items():
+        try:
+            release.wait()
+            yield 1
+        finally:
+            closed.append(True)
+
+    started = Started(items())
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()  # the user's Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        next(started)
+    threading.Timer(0.2, release.set).start()
+    started.close()
+    assert closed == [True]

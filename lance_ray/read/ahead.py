@@ -176,30 +176,35 @@ class Started(Iterator[T]):
     def __init__(self, items: Iterator[T]):
         self._items = items
         self._first: list[tuple[bool, Any]] = []
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._start, name="lance_ray_start", daemon=True)
-        self._thread.start()
+        # Waited on instead of joining the thread: a join that Ctrl-C interrupts leaves the
+        # thread looking finished (CPython 3.11) while it is still in next(items), and
+        # closing the items then fails ("generator already executing").
+        self._done = threading.Event()
+        self._waiting = True
+        threading.Thread(target=self._start, name="lance_ray_start", daemon=True).start()
 
     def _start(self) -> None:
         try:
             self._first.append((True, next(self._items)))
         except BaseException as exc:  # StopIteration included: handed to the consumer
             self._first.append((False, exc))
+        finally:
+            self._done.set()
 
     def __next__(self) -> T:
-        if self._thread is None:
+        if not self._waiting:
             return next(self._items)
-        self._thread.join()
-        self._thread = None
+        self._done.wait()
+        self._waiting = False
         ok, value = self._first.pop()
         if not ok:
             raise value
         return value  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._waiting:
+            self._done.wait()
+            self._waiting = False
         close = getattr(self._items, "close", None)
         if close is not None:
             close()
