@@ -296,7 +296,6 @@ def test_iter_batches_rejects_a_non_positive_batch_size(table_1k):
     ({"in_order": False}, "in_order=False is not supported"),
     ({"batch_size": 0}, "batch_size must be a positive integer"),
     ({"batch_size": True}, "batch_size must be a positive integer"),
-    ({"batch_size": None}, "batch_size must be a positive integer"),
 ])
 def test_loader_rejects_options_that_break_exact_checkpoints(table_1k, kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -154,3 +154,17 @@ def test_a_request_no_node_can_meet_fails_naming_it_instead_of_hanging(ray_sessi
             pytest.raises(ValueError, match=r"no node .*'no_such_node': 1\.0.*none joined in 1 s"):
         next(ds.iter_batches(8))
     assert "waiting up to 1 s" in caplog.text
+
+
+def test_ray_remote_args_the_read_tasks_cannot_take_are_refused_when_the_view_is_made(
+        ray_session, table_1k):
+    import pytest
+
+    import lance_ray
+
+    for args, match in [({"bogus_arg": 3}, r"cannot hold \['bogus_arg'\]"),
+                        ({"scheduling_strategy": "SPREAD"}, "cannot hold.*label_selector"),
+                        ({"num_cpus": -1}, "num_cpus cannot be negative")]:
+        with pytest.raises(ValueError, match=match):
+            lance_ray.StreamingDataset(table_1k, num_splits=4, reader="ray",
+                                       ray_remote_args=args)

@@ -76,6 +76,32 @@ class TaskShape:
     short: str | None = None
 
 
+# What Ray Data's read_datasource takes as its read tasks' options (Ray 2.60's named
+# parameters): any other key would reach the datasource itself and fail as the pass starts.
+READ_TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "label_selector",
+                     "fallback_strategy", "max_calls", "accelerator_type", "runtime_env")
+
+
+def check_remote_args(remote_args: Mapping[str, Any]) -> None:
+    """Raise, naming ``ray_remote_args``, unless the read (and transform) tasks can take
+    ``remote_args`` as their Ray options."""
+    import ray
+
+    other = sorted(set(remote_args) - set(READ_TASK_OPTIONS))
+    if other:
+        raise ValueError(f"ray_remote_args cannot hold {other}: Ray Data's read tasks take "
+                         f"only {list(READ_TASK_OPTIONS)} (place tasks with resources or "
+                         "label_selector)")
+    try:
+        ray.remote(_no_task).options(**remote_args)  # Ray's own check of the values
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"ray_remote_args={dict(remote_args)!r}: {e}") from None
+
+
+def _no_task() -> None:
+    """What ``check_remote_args`` hands Ray to check options against (never run)."""
+
+
 def task_demand(remote_args: Mapping[str, Any] | None) -> dict[str, float]:
     """What one read task asks of a node: a CPU (or ``num_cpus``) and any ``resources``."""
     args = dict(remote_args or {})

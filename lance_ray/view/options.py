@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..checks import positive_int
+from ..read.scale import check_remote_args
 from ..read.transform import TransformPolicy
 from .compat import DEFAULT_PREFETCH_BATCHES, ReferenceOptions
 
@@ -35,3 +36,8 @@ class ReadOptions:
         positive_int("prefetch_batches", self.prefetch_batches)
         if self.reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {self.reader!r}")
+        if self.ray_remote_args is not None and not isinstance(self.ray_remote_args, dict):
+            raise TypeError("ray_remote_args must be a dict of Ray task options, got "
+                            f"{type(self.ray_remote_args).__name__}")
+        if self.ray_remote_args:
+            check_remote_args(self.ray_remote_args)
