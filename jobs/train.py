@@ -68,12 +68,15 @@ def train_loop(config: dict[str, Any]) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(config["dim"], 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 10))
     saved = lt.load_model_state()
+    # The optimizer steps the model has taken, the trainer's own count saved with it: the
+    # proof checks that the data resumed at the same step.
+    trained = 0 if saved is None else saved["step"]
     if saved is not None:
-        model.load_state_dict(saved)
+        model.load_state_dict(saved["model"])
     ddp = ray.train.torch.prepare_model(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time(),
-                      view_s=round(view_s, 6))
+                      view_s=round(view_s, 6), model_step=trained)
     log = SampleLog(config["log_dir"], attempt, rank)
     stop_at, every = config["stop_at_step"], config["checkpoint_every"]
     logger.info("rank %d/%d starts at global step %d", rank, world_size, ds.global_step)
@@ -85,13 +88,15 @@ def train_loop(config: dict[str, Any]) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        trained += 1
         if config["step_delay_s"]:
             time.sleep(config["step_delay_s"])  # stands in for a real model's compute
         log.write(step, batch["id"].tolist(), wait_s=ds.stats.last_wait_s)
         rows += len(batch["id"])
         crash_once(config, step, rank, world_size)
         if step % every == 0 or step == stop_at:
-            lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
+            lt.report({"loss": loss.item()}, ds,
+                      model_state={"model": model.state_dict(), "step": trained})
             if rank == 0:
                 log.checkpoint(step)
                 done, total = len(ds) - ds.samples_remaining, len(ds)
@@ -103,7 +108,8 @@ def train_loop(config: dict[str, Any]) -> None:
             break
     else:
         if ds.global_step % every:
-            lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
+            lt.report({"loss": loss.item()}, ds,
+                      model_state={"model": model.state_dict(), "step": trained})
             if rank == 0:
                 log.checkpoint(ds.global_step)
     log.close()

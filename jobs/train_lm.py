@@ -72,19 +72,22 @@ def train_loop(config: dict[str, Any]) -> None:
     view_s = time.monotonic() - started
     model = TinyLM(config["vocab"], spec.block_len)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    trained = 0  # the optimizer steps the model has taken (saved with it: the proof's check)
     if saved is not None:
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
+        trained = saved["step"]
     ddp = ray.train.torch.prepare_model(model)
     attempt = Attempt(train_job.shared_attempt_id(rank), view.global_step, world_size,
-                      time.time(), view_s=round(view_s, 6))
+                      time.time(), view_s=round(view_s, 6), model_step=trained)
     log = SampleLog(config["log_dir"], attempt, rank)
     stop_at, every = config["stop_at_step"], config["checkpoint_every"]
     logger.info("rank %d/%d starts at global step %d", rank, world_size, view.global_step)
 
     def checkpoint(loss: float) -> None:
         lt.report({"loss": loss}, view,  # type: ignore[arg-type]  (duck-typed view)
-                  model_state={"model": model.state_dict(), "optimizer": opt.state_dict()})
+                  model_state={"model": model.state_dict(), "optimizer": opt.state_dict(),
+                               "step": trained})
         if rank == 0:
             log.checkpoint(view.global_step)
             logger.info("step %d: loss %.3f, %.1f steps/s", view.global_step, loss,
@@ -97,6 +100,7 @@ def train_loop(config: dict[str, Any]) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        trained += 1
         log.write(step, block_ids(batch))
         train_job.crash_once(config, step, rank, world_size)
         if step % every == 0 or step == stop_at:

@@ -42,6 +42,7 @@ import lance_ray
 import lance_ray.train as lt
 from jobs.args import check_run_sizes, positive_int
 from jobs.train import worker_resources
+from lance_ray.proof.audit import read_jsonl
 
 logger = logging.getLogger("train_mixture")
 SOURCES = (("web", 7), ("code", 2), ("math", 1))
@@ -86,8 +87,9 @@ def train_loop(config: dict[str, Any]) -> None:
     rank, world_size = ds.rank, ds.world_size
     model = torch.nn.Linear(DIM, 4)
     saved = lt.load_model_state()
+    trained = 0 if saved is None else saved["step"]  # the model's optimizer steps, saved with it
     if saved is not None:
-        model.load_state_dict(saved)
+        model.load_state_dict(saved["model"])
     ddp = ray.train.torch.prepare_model(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     attempt = f"{config['attempt']}-{world_size}-{ds.global_step}"  # one per group start
@@ -95,8 +97,8 @@ def train_loop(config: dict[str, Any]) -> None:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     logger.info("rank %d/%d starts at global step %d", rank, world_size, ds.global_step)
     with log_path.open("w") as log:
-        log.write(json.dumps({"resumed_from": ds.global_step, "world_size": world_size,
-                              "t": time.time()}) + "\n")
+        log.write(json.dumps({"resumed_from": ds.global_step, "model_step": trained,
+                              "world_size": world_size, "t": time.time()}) + "\n")
         log.flush()  # a rank that dies before its first step still leaves its header
         loss = torch.tensor(0.0)
         for batch in ds.iter_batches(config["global_batch"] // world_size):
@@ -105,6 +107,7 @@ def train_loop(config: dict[str, Any]) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            trained += 1
             log.write(json.dumps({"step": step, "samples": list(zip(
                 batch["source"].tolist(), batch["id"].tolist()))}) + "\n")
             log.flush()
@@ -115,11 +118,13 @@ def train_loop(config: dict[str, Any]) -> None:
                     logger.warning("rank %d: injected crash at global step %d", rank, step)
                     os._exit(1)
             if step % config["checkpoint_every"] == 0 or step == config["stop_at_step"]:
-                lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
+                lt.report({"loss": loss.item()}, ds,
+                          model_state={"model": model.state_dict(), "step": trained})
             if config["stop_at_step"] and step >= config["stop_at_step"]:
                 return
         if ds.global_step % config["checkpoint_every"]:
-            lt.report({"loss": loss.item()}, ds, model_state=model.state_dict())
+            lt.report({"loss": loss.item()}, ds,
+                      model_state={"model": model.state_dict(), "step": trained})
 
 
 def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
@@ -150,17 +155,28 @@ def trained_steps(log_dir: Path) -> tuple[dict[int, list[tuple[int, int]]], list
     """The samples of each global step the final model trained on, and the attempts.
 
     Attempts are ordered by start; an attempt's steps after the step the next one resumed
-    from were lost with it (the restored checkpoint predates them)."""
+    from were lost with it (the restored checkpoint predates them). Raises where the log
+    shows an attempt whose model was saved at another step than its data resumed from, or
+    one that trained a step at or before its resume again. A rank's last line cut short
+    (it died mid-write) is dropped."""
     attempts: dict[str, dict] = {}
     for path in sorted(log_dir.glob("*-rank*.jsonl")):
         key = path.name.rsplit("-rank", 1)[0]
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+        lines = read_jsonl(str(path), None)
         if not lines:  # killed before it wrote its header: no steps
             continue
         a = attempts.setdefault(key, {**lines[0], "steps": {}})
         for line in lines[1:]:
             a["steps"].setdefault(line["step"], []).extend(map(tuple, line["samples"]))
     ordered = sorted(attempts.values(), key=lambda a: a["t"])
+    for a in ordered:
+        if a.get("model_step", a["resumed_from"]) != a["resumed_from"]:
+            raise ValueError(f"an attempt resumed its data from step {a['resumed_from']} but "
+                             f"its model from step {a['model_step']}")
+        again = sorted(s for s in a["steps"] if s <= a["resumed_from"])
+        if again:
+            raise ValueError(f"an attempt resumed from step {a['resumed_from']} but trained "
+                             f"steps {again[:10]} again")
     steps: dict[int, list[tuple[int, int]]] = {}
     for a, nxt in zip(ordered, [*ordered[1:], None]):
         last = nxt["resumed_from"] if nxt is not None else max(a["steps"], default=0)

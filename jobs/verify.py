@@ -19,7 +19,7 @@ from pathlib import Path
 
 import lance_ray
 from lance_ray import storage
-from lance_ray.proof.audit import lineage, read_attempts
+from lance_ray.proof.audit import lineage, logged_steps, read_attempts
 from lance_ray.proof.verify import CoverageReport, compare_steps, coverage
 from lance_ray.storage import read_json
 
@@ -45,7 +45,7 @@ def verify_run(run_dir: str | Path) -> tuple[CoverageReport, list[str]]:
                 f"{a.resumed_from_step}, logged steps {min(s, default=0)}..{max(s, default=0)}"
                 for i, (a, s) in enumerate(read_attempts(samples))]
     steps = lineage(samples, committed_only=True)  # what the saved model trained on
-    logged = len(lineage(samples))
+    logged = logged_steps(samples)
     if logged > len(steps):
         attempts.append(f"steps {len(steps) + 1}..{logged} have no committed checkpoint: the "
                         "saved model never trained on them")
@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"no run {args.name!r} under {args.storage_path} ({run_file} does not "
                          "exist): pass the --storage-path and --name the run was trained with")
     packed = "pack" in read_json(run_file)
-    ok = print_proof(*verify_run(run_dir), unit="block" if packed else "sample")
+    try:
+        ok = print_proof(*verify_run(run_dir), unit="block" if packed else "sample")
+    except ValueError as e:  # the log itself shows a step trained twice, lost or missing
+        print(f"PROOF: FAILED: {e}")
+        ok = False
     sys.exit(0 if ok else 1)
 
 

@@ -76,3 +76,62 @@ def test_the_mixture_proof_checks_which_samples_not_how_many(mixture_tables):
     result = train_mixture.proof(workdir, versions, 4)
     assert not result["exactly_once"]
     assert result["sources"][source]["lost"] == result["sources"][source]["unexpected"] == 1
+
+
+@pytest.mark.parametrize("model_step", [3, 7])
+def test_an_attempt_whose_data_and_model_resumed_at_different_steps_fails(tmp_path,
+                                                                          model_step):
+    """a0 trains 1..7 and saves step 5; a1's data says it resumed from 5, but its model was
+    saved at another step: steps were trained twice (3) or never reached the model (7)."""
+    log_attempt(tmp_path, Attempt("a0", 0, 1, 1.0, model_step=0),
+                {s: [s] for s in range(1, 8)}, [5])
+    log_attempt(tmp_path, Attempt("a1", 5, 1, 2.0, model_step=model_step),
+                {s: [s] for s in range(6, 11)}, [10])
+    with pytest.raises(ValueError, match=f"data from global step 5 but its model from step "
+                                         f"{model_step}"):
+        lineage(tmp_path, committed_only=True)
+
+
+def test_an_attempt_that_trains_a_step_before_its_resume_again_fails(tmp_path):
+    log_attempt(tmp_path, Attempt("a0", 0, 1, 1.0), {s: [s] for s in range(1, 6)}, [5])
+    log_attempt(tmp_path, Attempt("a1", 5, 1, 2.0), {s: [s] for s in range(4, 11)}, [10])
+    with pytest.raises(ValueError, match=r"resumed from global step 5 but trained steps "
+                                         r"\[4, 5\] again"):
+        lineage(tmp_path, committed_only=True)
+
+
+def test_verify_fails_naming_the_reason_and_counts_steps_past_a_gap_in_an_unsaved_tail(
+        tmp_path, monkeypatch, capsys):
+    from jobs import verify
+    from lance_ray.proof.audit import logged_steps
+    from lance_ray.storage import write_json_atomic
+
+    log_attempt(tmp_path / "run" / "samples", Attempt("a0", 0, 1, 1.0),
+                {1: [1], 2: [2], 4: [4]}, [2])  # step 3 never logged, after the checkpoint
+    assert logged_steps(tmp_path / "run" / "samples") == 3
+    write_json_atomic(tmp_path / "run" / "run.json", {"rows": 2})
+    monkeypatch.setattr(verify, "uninterrupted_steps", lambda run: [[1], [2]])
+    with pytest.raises(SystemExit) as done:
+        verify.main(["--storage-path", str(tmp_path), "--name", "run"])
+    assert done.value.code == 0  # the saved model trained steps 1 and 2, each once
+    log_attempt(tmp_path / "run" / "samples", Attempt("a1", 2, 1, 2.0, model_step=1),
+                {3: [3]}, [3])
+    with pytest.raises(SystemExit) as done:
+        verify.main(["--storage-path", str(tmp_path), "--name", "run"])
+    assert done.value.code == 1 and "PROOF: FAILED: attempt a1" in capsys.readouterr().out
+
+
+def test_the_mixture_proof_drops_a_cut_last_line_and_refuses_steps_trained_again(
+        mixture_tables):
+    workdir, versions = mixture_tables
+    planned = train_mixture.planned_samples(workdir, versions, 4, 0)
+    write_mixture_log(workdir, planned)
+    rank0 = workdir / "samples" / "a-1-0-rank0.jsonl"
+    with rank0.open("a") as f:
+        f.write('{"step": 99, "samples": [[0, 2')  # the rank died mid-write
+    assert train_mixture.proof(workdir, versions, 4)["exactly_once"]
+    again = workdir / "samples" / "z-1-2-rank0.jsonl"  # resumed from 2, logs 2 again
+    again.write_text(json.dumps({"resumed_from": 2, "world_size": 1, "t": 9.0}) + "\n"
+                     + json.dumps({"step": 2, "samples": planned[40:80]}) + "\n")
+    with pytest.raises(ValueError, match=r"resumed from step 2 but trained steps \[2\]"):
+        train_mixture.proof(workdir, versions, 4)

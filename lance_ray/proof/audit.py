@@ -30,13 +30,16 @@ CHECKPOINTS_FILE = "checkpoints.jsonl"
 @dataclass(frozen=True)
 class Attempt:
     """One start of the worker group. ``view_s``: how long rank 0 took to build its view
-    (the data path's share of a start, before the first read)."""
+    (the data path's share of a start, before the first read). ``model_step``: the step
+    the restored model was saved at, as the trainer recorded it with the model (0: a new
+    model; None: not recorded); the data must have resumed from the same step."""
 
     attempt: str
     resumed_from_step: int
     world_size: int
     started: float
     view_s: float = 0.0
+    model_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def _attempt_dirs(root: str | os.PathLike[str],
             if storage.exists(storage.join(d, "attempt.json"), storage_options=storage_options)]
 
 
-def _jsonl(path: str, storage_options: StorageOptionsFactory | None) -> list[dict[str, Any]]:
+def read_jsonl(path: str, storage_options: StorageOptionsFactory | None) -> list[dict[str, Any]]:
     """The records of a JSON-lines log. A last line cut short (no newline: its writer died
     mid-append) is dropped: its step never reached a checkpoint, and a lineage that needs
     it says so. Any other line that does not parse is an error naming the file."""
@@ -165,14 +168,14 @@ def _records(attempt_dir: str,
         m = _LOG_RE.match(storage.basename(path))
         if m:
             logs.append((int(m.group(1)), int(m.group(2) or -1), path))
-    return [rec for _, _, path in sorted(logs) for rec in _jsonl(path, storage_options)]
+    return [rec for _, _, path in sorted(logs) for rec in read_jsonl(path, storage_options)]
 
 
 def _checkpoints(attempt_dir: str,
                  storage_options: StorageOptionsFactory | None) -> list[tuple[int, float]]:
     paths = sorted(p for p in storage.list_files(attempt_dir, storage_options=storage_options)
                    if _CHECKPOINTS_RE.match(storage.basename(p)))
-    return [(c["step"], c["t"]) for p in paths for c in _jsonl(p, storage_options)]
+    return [(c["step"], c["t"]) for p in paths for c in read_jsonl(p, storage_options)]
 
 
 def _attempts(root: str | os.PathLike[str],
@@ -225,11 +228,8 @@ def lineage(root: str | os.PathLike[str], *,
     ``committed_only``: end at the last attempt's last committed checkpoint (or, if it
     committed none, at the step it resumed from): steps it trained after that died with it,
     as the saved model never saw them (a job whose last checkpoint failed to commit)."""
-    effective: dict[int, list[int]] = {}
     attempts = _attempts(root, storage_options)
-    for attempt, d in attempts:
-        effective = {s: ids for s, ids in effective.items() if s <= attempt.resumed_from_step}
-        effective.update(_steps(d, storage_options))
+    effective = _descended(attempts, storage_options)
     if committed_only and attempts:
         last, d = attempts[-1]
         saved = max([s for s, _ in _checkpoints(d, storage_options)],
@@ -241,3 +241,34 @@ def lineage(root: str | os.PathLike[str], *,
     if missing:
         raise ValueError(f"the sample log has no record of global steps {missing[:10]}")
     return [effective[s] for s in sorted(effective)]
+
+
+def logged_steps(root: str | os.PathLike[str], *,
+                 storage_options: StorageOptionsFactory | None = None) -> int:
+    """How many global steps the attempts logged, saved or not (the last attempt's steps
+    after its last checkpoint included)."""
+    return len(_descended(_attempts(root, storage_options), storage_options))
+
+
+def _descended(attempts: list[tuple[Attempt, str]],
+               storage_options: StorageOptionsFactory | None) -> dict[int, list[int]]:
+    """Each logged step's samples, an attempt that resumed from step ``c`` replacing what
+    the earlier ones logged after ``c``. Raises where the log shows that what an attempt
+    trained does not follow from its restored checkpoint: its model saved at another step
+    than its data resumed from, or a step at or before the resume logged again."""
+    effective: dict[int, list[int]] = {}
+    for attempt, d in attempts:
+        resumed = attempt.resumed_from_step
+        if attempt.model_step is not None and attempt.model_step != resumed:
+            raise ValueError(
+                f"attempt {attempt.attempt} resumed its data from global step {resumed} but "
+                f"its model from step {attempt.model_step}: the steps between were trained "
+                "twice or never reached the model")
+        steps = _steps(d, storage_options)
+        again = sorted(s for s in steps if s <= resumed)
+        if again:
+            raise ValueError(f"attempt {attempt.attempt} resumed from global step {resumed} "
+                             f"but trained steps {again[:10]} again")
+        effective = {s: ids for s, ids in effective.items() if s <= resumed}
+        effective.update(steps)
+    return effective
