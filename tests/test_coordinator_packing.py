@@ -180,3 +180,29 @@ def test_views_on_the_ray_reader_report_the_same_sealed_state(packed_coord, toke
     wait_sealed(coord, 3)
     merged = lance_ray.merge_state_dicts([v.state_dict() for v in own])
     assert reference_keys(coord.state_dict()) == reference_keys(merged)
+
+
+def test_the_same_checkpoint_loaded_again_keeps_every_earlier_sealed_step(packed_coord,
+                                                                          token_table):
+    """Every rank of a restarted group restores the same checkpoint, a no-op: the sealed
+    steps still kept for state_dict(step=...) stay what they were (they were rebuilt from a
+    replaced base and refused)."""
+    from lance_ray.state.reporting import ReportPolicy
+
+    table = token_table[0]
+    coord = packed_coord("packed_again", 2, report_policy=ReportPolicy(every_batches=1))
+    views = [coord.view(r, 2, reader="local") for r in range(2)]
+    mine = own_views(table, 2, blocks_per_epoch=PER_SPLIT * NUM_SPLITS)
+    running = [v.iter_batches(NUM_SPLITS // 2) for v in views + mine]
+    expected = {}
+    for step in range(1, 4):
+        for it in running:
+            next(it)
+        expected[step] = reference_keys(lance_ray.merge_state_dicts(
+            [v.state_dict() for v in mine]))
+        for v in views:
+            v.state_dict()  # every rank's report of this step recorded: the step seals
+    wait_sealed(coord, 3)
+    coord.load_state_dict(coord.state_dict())
+    for step, state in expected.items():
+        assert reference_keys(coord.state_dict(step=step)) == state, step

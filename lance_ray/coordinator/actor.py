@@ -296,8 +296,13 @@ class CoordinatorActor:
             if self._packed is not None:
                 parse_packed_state(state)  # a valid epoch before its plan is built
                 plan = self._plan(state["epoch"])
-                sealed = self._packed.restore(state, self._table, plan, self._ledger.world_size)
-                self._save_base()
+                sealed, base = self._packed.restored(state, self._table, plan,
+                                                     self._ledger.world_size)
+                if not lg.starts_from(self._ledger, sealed):
+                    # The same checkpoint again keeps its base: the steps sealed since, still
+                    # kept for state_dict(step=...), are rebuilt from it.
+                    self._packed.base = base
+                    self._save_base()
                 self._restore(sealed)
                 return
             progress = st.parse_state(state)

@@ -137,10 +137,11 @@ class PackedRun:
                                  world_size=sealed.world_size, rank=None,
                                  global_step=sealed.step)
 
-    def restore(self, state: dict[str, Any], table: TableRef, plan: SplitPlan,
-                world_size: int) -> lg.Sealed:
-        """The sealed progress of the packed checkpoint ``state``, which becomes the epoch's
-        starting point (its buffers are kept: later buffers may reach back into them)."""
+    def restored(self, state: dict[str, Any], table: TableRef, plan: SplitPlan,
+                 world_size: int) -> tuple[lg.Sealed, list[Any]]:
+        """The sealed progress of the packed checkpoint ``state`` and the base its buffers
+        make (kept as the epoch's starting point: later buffers may reach back into them);
+        nothing changes here."""
         parsed = parse_packed_state(state, plan.split_len)
         st.check_compatible(state, plan.identity(table_commit(table)))
         budget = self.budget(table, plan)
@@ -152,11 +153,10 @@ class PackedRun:
             # A lancedb state names no rank, so one rank's unmerged state passes the check
             # above; its splits' block counts differ, which no global step leaves.
             raise ValueError(NOT_ALIGNED)
-        self.base = list(parsed.splits)
         consumed = tuple(s.consumed for s in parsed.splits)
         return lg.Sealed(plan.spec.epoch, parsed.owner.global_step or 0, world_size, consumed,
                          consumed, tuple(parsed.emitted),
-                         tuple(s.counts()[2] for s in parsed.splits))
+                         tuple(s.counts()[2] for s in parsed.splits)), list(parsed.splits)
 
     # Persistence. The base holds tokens (up to a block or more per split), so it is kept in
     # a file of its own, named by its content and written once per restore, not with every

@@ -326,6 +326,12 @@ def advance_epoch(ledger: Ledger, epoch: int) -> None:
         ledger.clear_pending()
 
 
+def starts_from(ledger: Ledger, sealed: Sealed) -> bool:
+    """Whether the ledger's progress starts from ``sealed`` already (the world size it was
+    sealed at aside: see :func:`restore`)."""
+    return replace(ledger.start(), world_size=0) == replace(sealed, world_size=0)
+
+
 def restore(ledger: Ledger, sealed: Sealed) -> bool:
     """Make ``sealed`` (e.g. from a checkpoint) the starting point, dropping pending reports;
     whether anything changed.
@@ -335,7 +341,7 @@ def restore(ledger: Ledger, sealed: Sealed) -> bool:
     The world size a step was sealed at does not count: once the group's first rank has
     resized the ledger, its sealed step still names the old one.
     """
-    if replace(ledger.start(), world_size=0) == replace(sealed, world_size=0):
+    if starts_from(ledger, sealed):
         return False
     ledger.epoch = sealed.epoch
     ledger.sealed = sealed
