@@ -152,7 +152,7 @@ def test_packing_is_validated_when_the_run_is_created_and_views_keep_their_outpu
     with pytest.raises(ValueError, match="this run packs column 'tokens'"):
         coord.view(0, 1, columns=["id"])
     batch = next(coord.view(0, 1, reader="local", pack_position_ids=True,
-                            pack_cu_seqlens=True).iter_batches(2))
+                            pack_cu_seqlens=True).iter_batches(NUM_SPLITS))
     assert {"input_ids", "doc_ids", "position_ids", "cu_seqlens"} <= set(batch)
 
 
@@ -206,3 +206,13 @@ def test_the_same_checkpoint_loaded_again_keeps_every_earlier_sealed_step(packed
     coord.load_state_dict(coord.state_dict())
     for step, state in expected.items():
         assert reference_keys(coord.state_dict(step=step)) == state, step
+
+
+def test_an_attached_packed_view_refuses_batches_that_leave_its_splits_out_of_step(
+        packed_coord):
+    coord = packed_coord("packed_misaligned", 2)
+    view = coord.view(0, 2, reader="local")
+    with pytest.raises(ValueError, match="multiple of its 2 splits.*got 3"):
+        next(view.iter_batches(3))
+    assert coord.status()["sealed_step"] == 0
+    assert len(next(view.iter_batches(2))["input_ids"]) == 2  # the view still reads

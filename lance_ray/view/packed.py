@@ -192,6 +192,14 @@ class PackedMode:
                 reads: PackedReads | None = None) -> Iterator[Any]:
         """``iter_batches``: ``batch_size`` blocks at a time (the last may be short); the
         reads come from ``reads`` (DataLoader workers) instead of the view's reader."""
+        owned = len(self.view._owned)
+        if self.view._plans.wants_reports and batch_size % owned:
+            # The coordinator seals every global step: each must leave the splits at one
+            # block count, or its states load on no other world size.
+            raise ValueError(
+                f"a packed view attached to a coordinator takes batches of a multiple of its "
+                f"{owned} splits (a global batch that is a multiple of num_splits), got "
+                f"{batch_size}")
         options = self.options
         for blocks in self._run(lease[0], batch_size, batches=1, reads=reads):
             if collate_fn is None:
