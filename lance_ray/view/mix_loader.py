@@ -225,7 +225,7 @@ class MixtureDataLoader(DataLoader):
     def __len__(self) -> int:
         """Batches the next iteration yields: the rest of the epoch, or the whole next
         epoch once this mixture read the current one to its end (iterating then starts it)."""
-        self._mixture.check_has_length()
+        len(self._mixture)  # a packed mixture has none: TypeError
         run = self._mixture.progress
         n = run.epoch_steps() if run.rolls_over else self._mixture.samples_remaining
         return -(-n // self._batch_size_samples)

@@ -254,18 +254,11 @@ class MixtureDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Samples this rank yields in the current phase (an epoch, unless it resumed on
-        another world size: then from the resume point). A packed mixture has no length:
-        its blocks are known only once its documents are read (``TypeError``)."""
-        self.check_has_length()
-        return self._progress.end
-
-    def check_has_length(self) -> None:
-        """Raise ``TypeError`` (what ``len()`` of an object without one raises) for a packed
-        mixture, whose number of blocks is not known before its documents are read."""
+        another world size: then from the resume point); ``TypeError`` when packed."""
         if self._pack is not None:
             raise TypeError("a packed mixture has no len(): how many blocks its documents fill "
-                            "is known only once they are read; count the documents with "
-                            "samples_remaining, or size the schedule in tokens")
+                            "is known only once they are read (samples_remaining counts them)")
+        return self._progress.end
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's consumer-committed progress as plain, JSON-serialisable data (an
