@@ -74,8 +74,10 @@ def _indexed(dev: torch.device, what: str) -> torch.device:
 
 
 # The user's call, for a warning: placement <- iter_batches or the loader's __init__ <- the
-# wrapper that accepts numpy scalars (checks.numpy_scalars_accepted) <- the user.
+# wrapper that accepts numpy scalars (checks.numpy_scalars_accepted) <- the user; the
+# loader's __init__ is also wrapped to take DataLoader's positional arguments.
 USER_FRAME = 4
+LOADER_USER_FRAME = USER_FRAME + 1
 
 
 def placement(device: Any = None, pin_memory: bool | None = None, *,
@@ -127,7 +129,7 @@ def loader_placement(pin_memory: bool, pin_memory_device: str, *,
         if cuda:
             _indexed(dev, "pin_memory_device")
     if not cuda:
-        warnings.warn(NO_ACCELERATOR, stacklevel=USER_FRAME)
+        warnings.warn(NO_ACCELERATOR, stacklevel=LOADER_USER_FRAME)
         return None
     return Placement(None, True)
 
