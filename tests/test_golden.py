@@ -28,6 +28,20 @@ def test_checkpoint_format_version_1_is_exactly_this():
     }
 
 
+def test_optional_identity_fields_add_their_key_and_change_nothing_else():
+    """Fields added to format 1 after it shipped appear only when set, so a state without
+    them is byte for byte the one above (and loads wherever it did)."""
+    from dataclasses import replace
+
+    plain = make_state(IDENTITY, [3, 3, 2, 0], [3, 4, 2, 0], world_size=2, rank=0,
+                       global_step=5)
+    state = make_state(replace(IDENTITY, table_commit="c0ffee", plan="index"),
+                       [3, 3, 2, 0], [3, 4, 2, 0], world_size=2, rank=0, global_step=5,
+                       lockstep=True)
+    assert state == {**plain, "lance_ray": {**plain["lance_ray"], "table_commit": "c0ffee",
+                                            "plan": "index", "lockstep": True}}
+
+
 def test_sample_order_and_plan_fingerprint_are_pinned(table_factory):
     table = table_factory(1000, 3)
     ds = lance_ray.StreamingDataset(table, num_splits=4, shuffle_seed=7, reader="local")

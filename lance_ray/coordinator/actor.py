@@ -217,8 +217,8 @@ class CoordinatorActor:
     def _state(self, sealed: lg.Sealed) -> dict[str, Any]:
         if self._packed is not None:
             if self._built is None or self._built[0] != sealed:  # every view starts from it
-                self._built = (sealed, self._packed.state(self._table, self._plan(sealed.epoch),
-                                                          sealed))
+                self._built = (sealed, self._packed.state(
+                    self._table, self._plan(sealed.epoch), self._identity(sealed.epoch), sealed))
             return self._built[1]
         return st.make_state(self._identity(sealed.epoch), list(sealed.samples),
                              list(sealed.positions), world_size=sealed.world_size, rank=None,
@@ -296,8 +296,8 @@ class CoordinatorActor:
             if self._packed is not None:
                 parse_packed_state(state)  # a valid epoch before its plan is built
                 plan = self._plan(state["epoch"])
-                sealed, base = self._packed.restored(state, self._table, plan,
-                                                     self._ledger.world_size)
+                sealed, base = self._packed.restored(
+                    state, self._table, plan, plan.identity(self._commit), self._ledger.world_size)
                 if not lg.starts_from(self._ledger, sealed):
                     # The same checkpoint again keeps its base: the steps sealed since, still
                     # kept for state_dict(step=...), are rebuilt from it.

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..plan.pack_args import PackOptions
 from ..plan.splits import SplitPlan
-from ..plan.table import TableRef, table_commit
+from ..plan.table import TableRef
 from ..read.take import take_in_order
 from ..read.tokens import auto_budget, say_auto_budget, split_token_totals
 from ..state import format as st
@@ -95,8 +95,10 @@ class PackedRun:
         o = self.options
         return PackConfig(o.block_len, o.eos_id, o.pad_id, budget // self.num_splits)
 
-    def state(self, table: TableRef, plan: SplitPlan, sealed: lg.Sealed) -> dict[str, Any]:
-        """The merged packed state of ``sealed``, its buffers read back from ``table``."""
+    def state(self, table: TableRef, plan: SplitPlan, identity: st.PlanIdentity,
+              sealed: lg.Sealed) -> dict[str, Any]:
+        """The merged packed state of ``sealed`` (of the plan ``identity`` describes), its
+        buffers read back from ``table``."""
         column = self.options.column
 
         def read(ranges: dict[int, tuple[int, int]]) -> dict[int, Documents]:
@@ -132,18 +134,17 @@ class PackedRun:
                                  sealed.buffered[k], reader(k), self.options.eos_id)
                   for k in range(self.num_splits)]
         budget = self.budget(table, plan)
-        return make_packed_state(plan.identity(table_commit(table)), self._config(budget),
-                                 budget, splits,
+        return make_packed_state(identity, self._config(budget), budget, splits,
                                  world_size=sealed.world_size, rank=None,
                                  global_step=sealed.step)
 
     def restored(self, state: dict[str, Any], table: TableRef, plan: SplitPlan,
-                 world_size: int) -> tuple[lg.Sealed, list[Any]]:
+                 identity: st.PlanIdentity, world_size: int) -> tuple[lg.Sealed, list[Any]]:
         """The sealed progress of the packed checkpoint ``state`` and the base its buffers
         make (kept as the epoch's starting point: later buffers may reach back into them);
         nothing changes here."""
         parsed = parse_packed_state(state, plan.split_len)
-        st.check_compatible(state, plan.identity(table_commit(table)))
+        st.check_compatible(state, identity)
         budget = self.budget(table, plan)
         check_packing_matches(state, self._config(budget), budget)
         if not parsed.owner.is_complete:

@@ -119,8 +119,14 @@ def table_commit(table: Any) -> str | None:
     uuid), which a version number alone is not: a table dropped and created again reaches
     the same versions with other rows. None where it cannot be read (a remote table, a
     version whose transaction file is gone)."""
+    if type(table) is not TableRef:  # a remote table: no Lance dataset here
+        return None
     try:
-        return str(table.open_lance().read_transaction(table.version).uuid)
+        # A dataset of its own: reading the transaction borrows a Lance dataset mutably, and
+        # the cached one may be counting or reading on another thread (RuntimeError:
+        # "Already mutably borrowed").
+        ds = _open_lance_uncached(table.uri, table.version, table.storage_options)
+        return str(ds.read_transaction(table.version).uuid)
     except Exception:  # lance raises by backend; no commit id only skips the check
         return None
 

@@ -62,15 +62,17 @@ def check_same_run(states: list[dict], parsed: list[Progress]) -> None:
     """Raise unless lance_ray ``states`` come from one plan and one global step."""
     first_extra = states[0][EXTRA_KEY]
     for s in states[1:]:
-        for key in ("plan", "table_commit", *IDENTITY_FIXES):
-            if key == "table_commit" and None in (s[EXTRA_KEY].get(key),
-                                                  first_extra.get(key)):
-                continue  # a state saved before commits were recorded: not known
+        for key in ("plan", *IDENTITY_FIXES):
             if s[EXTRA_KEY].get(key) != first_extra.get(key):
                 raise ValueError(
                     f"{key} mismatch across state dicts: {s[EXTRA_KEY].get(key)!r} != "
                     f"{first_extra.get(key)!r}; these states come from different plans"
                 )
+    # A state saved before commits were recorded has none: not known, not a mismatch.
+    commits = sorted({s[EXTRA_KEY].get("table_commit") for s in states} - {None})
+    if len(commits) > 1:
+        raise ValueError(f"table_commit mismatch across state dicts: {commits}; these states "
+                         "come from different tables (one dropped and created again?)")
     steps = {p.global_step for p in parsed}
     if len(steps) > 1:
         raise ValueError(

@@ -81,7 +81,8 @@ class ViewCore:
         self._topology = topology
         self._owned = topology.owned(spec.num_splits)
         self._rank, self._world_size = topology.rank, topology.world_size
-        self._table = table
+        # The commit that made the pinned version, read once: every plan's identity holds it.
+        self._table, self._commit = table, table_commit(table)
         self._plans = plans
         self._options: ReferenceOptions = read.reference
         columns = check_columns(table, read.columns)
@@ -113,7 +114,7 @@ class ViewCore:
 
     def _install_plan(self, spec: PlanSpec, plan: SplitPlan) -> None:
         """Switch to ``plan`` from its start; any running iterator becomes stale."""
-        self._plan, self._identity = plan, plan.identity(table_commit(self._table))
+        self._plan, self._identity = plan, plan.identity(self._commit)
         self._spec = spec
         self._planned_ahead = False
         zeros = [0] * spec.num_splits
