@@ -72,6 +72,23 @@ def test_packed_blocks_not_divisible_is_named_before_too_few_rows(tmp_path):
         lance_ray.StreamingDataset(t, blocks_per_epoch=2, **args)
 
 
+@pytest.mark.parametrize("returns", ["record batch", "table", "none"])
+def test_a_transform_breaking_the_row_contract_raises_the_references_type(table, returns):
+    # An Arrow batch or table returned whole is a ValueError in the reference (it counts
+    # the columns as items), a non-iterable a TypeError: lance_ray raises the same types,
+    # naming what the transform returned.
+    make = {"record batch": lambda b: b, "table": lambda b: pa.Table.from_batches([b]),
+            "none": lambda b: None}[returns]
+    from lancedb.streaming import StreamingDataset as Reference
+
+    with pytest.raises(Exception) as ref:
+        next(iter(Reference(table, num_splits=SPLITS, shuffle=False, transform=make)))
+    with pytest.raises(type(ref.value)) as got:
+        next(iter(ours(table, shuffle=False, transform=make)))
+    if returns != "none":
+        assert "returned a" in str(got.value) and "to_pylist" in str(got.value)
+
+
 # ----------------------------------------------------------------------- deprecations
 
 

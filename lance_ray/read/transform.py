@@ -120,6 +120,12 @@ def _run(transform: Transform, batch: pa.RecordBatch) -> list[Any]:
     while its output is iterated (a generator's); a broken contract raises
     :class:`BrokenContract`, whose cause is the error to report."""
     out = transform(batch)
+    if isinstance(out, (pa.RecordBatch, pa.Table)):
+        # A ValueError, as lancedb.streaming raises (it counts the columns as items).
+        raise BrokenContract() from ValueError(
+            f"transform returned a {type(out).__name__} of {out.num_rows} rows for a batch of "
+            f"{batch.num_rows} rows; a transform must return a sequence with one item per "
+            "row (e.g. batch.to_pylist())")
     if not isinstance(out, Iterable):
         raise BrokenContract() from TypeError(
             f"transform must return a sequence with one item per row, got {type(out).__name__}")
