@@ -10,15 +10,15 @@ weights (7:2:1), so under ``stop="first_exhausted"`` one mixture epoch reads eac
 whole. The first job trains on ``--workers`` ranks, one rank dies at ``--crash-at-step``
 (Ray Train restarts the group from the latest checkpoint) and the job stops at
 ``--stop-at-step``; the second job resumes the same run on ``--then`` ranks (a resize) and
-finishes the epoch. Every rank logs the ``(source, id)`` samples of each global step; the
-proof keeps, of each attempt, the steps up to where the next attempt resumed (what the final
-model trained on) and checks them.
+finishes the epoch. Every rank logs the ``(source, id)`` samples of each global step in the
+sample log that the other training jobs write (``lance_ray.proof.audit``); the proof keeps,
+of each attempt, the steps up to where the next attempt resumed (what the final model
+trained on, ``audit.lineage``) and checks them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -41,8 +41,8 @@ from ray.train.torch import TorchTrainer
 import lance_ray
 import lance_ray.train as lt
 from jobs.args import check_run_sizes, positive_int
-from jobs.train import worker_resources
-from lance_ray.proof.audit import read_jsonl
+from jobs.train import shared_attempt_id, worker_resources
+from lance_ray.proof.audit import Attempt, SampleLog, lineage, read_attempts
 
 logger = logging.getLogger("train_mixture")
 SOURCES = (("web", 7), ("code", 2), ("math", 1))
@@ -92,39 +92,35 @@ def train_loop(config: dict[str, Any]) -> None:
         model.load_state_dict(saved["model"])
     ddp = ray.train.torch.prepare_model(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    attempt = f"{config['attempt']}-{world_size}-{ds.global_step}"  # one per group start
-    log_path = Path(config["log_dir"]) / f"{attempt}-rank{rank}.jsonl"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    attempt = Attempt(shared_attempt_id(rank), ds.global_step, world_size, time.time(),
+                      model_step=trained)
+    log = SampleLog(config["log_dir"], attempt, rank)
     logger.info("rank %d/%d starts at global step %d", rank, world_size, ds.global_step)
-    with log_path.open("w") as log:
-        log.write(json.dumps({"resumed_from": ds.global_step, "model_step": trained,
-                              "world_size": world_size, "t": time.time()}) + "\n")
-        log.flush()  # a rank that dies before its first step still leaves its header
-        loss = torch.tensor(0.0)
-        for batch in ds.iter_batches(config["global_batch"] // world_size):
-            step = ds.global_step
-            loss = torch.nn.functional.cross_entropy(ddp(batch["x"]), batch["label"])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            trained += 1
-            log.write(json.dumps({"step": step, "samples": list(zip(
-                batch["source"].tolist(), batch["id"].tolist()))}) + "\n")
-            log.flush()
-            if step == config["crash_at_step"] and rank == world_size - 1:
-                marker = Path(config["log_dir"]) / "crash-injected"
-                if not marker.exists():
-                    marker.write_text("")
-                    logger.warning("rank %d: injected crash at global step %d", rank, step)
-                    os._exit(1)
-            if step % config["checkpoint_every"] == 0 or step == config["stop_at_step"]:
-                lt.report({"loss": loss.item()}, ds,
-                          model_state={"model": model.state_dict(), "step": trained})
-            if config["stop_at_step"] and step >= config["stop_at_step"]:
-                return
+    loss = torch.tensor(0.0)
+    for batch in ds.iter_batches(config["global_batch"] // world_size):
+        step = ds.global_step
+        loss = torch.nn.functional.cross_entropy(ddp(batch["x"]), batch["label"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        trained += 1
+        log.write(step, [list(p) for p in zip(batch["source"].tolist(), batch["id"].tolist())])
+        if step == config["crash_at_step"] and rank == world_size - 1:
+            marker = Path(config["log_dir"]) / "crash-injected"
+            if not marker.exists():
+                marker.write_text("")
+                logger.warning("rank %d: injected crash at global step %d", rank, step)
+                os._exit(1)
+        if step % config["checkpoint_every"] == 0 or step == config["stop_at_step"]:
+            lt.report({"loss": loss.item()}, ds,
+                      model_state={"model": model.state_dict(), "step": trained})
+        if config["stop_at_step"] and step >= config["stop_at_step"]:
+            break
+    else:
         if ds.global_step % config["checkpoint_every"]:
             lt.report({"loss": loss.item()}, ds,
                       model_state={"model": model.state_dict(), "step": trained})
+    log.close()
 
 
 def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
@@ -139,7 +135,7 @@ def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
                            "num_splits": num_splits, "seed": seed,
                            "global_batch": global_batch, "checkpoint_every": checkpoint_every,
                            "crash_at_step": crash_at_step, "stop_at_step": stop_at_step,
-                           "log_dir": str(workdir / "samples"), "attempt": uuid.uuid4().hex[:8],
+                           "log_dir": str(workdir / "samples"),
                            "coordinator": coordinator},
         scaling_config=ray.train.ScalingConfig(
             num_workers=workers,
@@ -149,41 +145,6 @@ def run_job(workdir: Path, *, workers: int, num_splits: int, global_batch: int,
             failure_config=ray.train.FailureConfig(max_failures=2),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2)))
     return dict(trainer.fit().metrics or {})
-
-
-def trained_steps(log_dir: Path) -> tuple[dict[int, list[tuple[int, int]]], list[dict]]:
-    """The samples of each global step the final model trained on, and the attempts.
-
-    Attempts are ordered by start; an attempt's steps after the step the next one resumed
-    from were lost with it (the restored checkpoint predates them). Raises where the log
-    shows an attempt whose model was saved at another step than its data resumed from, or
-    one that trained a step at or before its resume again. A rank's last line cut short
-    (it died mid-write) is dropped."""
-    attempts: dict[str, dict] = {}
-    for path in sorted(log_dir.glob("*-rank*.jsonl")):
-        key = path.name.rsplit("-rank", 1)[0]
-        lines = read_jsonl(str(path), None)
-        if not lines:  # killed before it wrote its header: no steps
-            continue
-        a = attempts.setdefault(key, {**lines[0], "steps": {}})
-        for line in lines[1:]:
-            a["steps"].setdefault(line["step"], []).extend(map(tuple, line["samples"]))
-    ordered = sorted(attempts.values(), key=lambda a: a["t"])
-    for a in ordered:
-        if a.get("model_step", a["resumed_from"]) != a["resumed_from"]:
-            raise ValueError(f"an attempt resumed its data from step {a['resumed_from']} but "
-                             f"its model from step {a['model_step']}")
-        again = sorted(s for s in a["steps"] if s <= a["resumed_from"])
-        if again:
-            raise ValueError(f"an attempt resumed from step {a['resumed_from']} but trained "
-                             f"steps {again[:10]} again")
-    steps: dict[int, list[tuple[int, int]]] = {}
-    for a, nxt in zip(ordered, [*ordered[1:], None]):
-        last = nxt["resumed_from"] if nxt is not None else max(a["steps"], default=0)
-        for step, got in a["steps"].items():
-            if step <= last:
-                steps[step] = got  # a later attempt may replace a lost step's samples
-    return steps, ordered
 
 
 def planned_samples(workdir: Path, versions: dict[str, int], num_splits: int,
@@ -200,11 +161,14 @@ def proof(workdir: Path, versions: dict[str, int], num_splits: int,
           seed: int = 0) -> dict[str, Any]:
     """Per source: planned, trained once, repeated, lost; the observed mix. Exactly once
     means the trained samples are the planned ones, each once (which ids, not how many)."""
-    steps, attempts = trained_steps(workdir / "samples")
-    trained = [s for step in sorted(steps) for s in steps[step]]
+    # What the final model trained on; raises where an attempt's log does not follow from
+    # its restored checkpoint (model and data resumed at different steps, steps trained twice).
+    steps = lineage(workdir / "samples")
+    trained = [(s, i) for step in steps for s, i in step]
+    attempts = [a for a, _ in read_attempts(workdir / "samples")]
     planned = planned_samples(workdir, versions, num_splits, seed)
     total_w = sum(w for _, w in SOURCES)
-    out: dict[str, Any] = {"attempts": [(a["world_size"], a["resumed_from"]) for a in attempts],
+    out: dict[str, Any] = {"attempts": [(a.world_size, a.resumed_from_step) for a in attempts],
                            "steps": len(steps), "samples": len(trained), "sources": []}
     for i, (name, weight) in enumerate(SOURCES):
         want = Counter(x for s, x in planned if s == i)

@@ -186,7 +186,7 @@ def get_dataset(coordinator: str, *, namespace: str = DEFAULT_NAMESPACE,
     return ds
 
 
-def get_mixture(sources: list[Any], **mixture_kwargs: Any) -> Any:
+def get_mixture(sources: list[Any], **mixture_kwargs: Any) -> MixtureDataset:
     """This worker's :class:`~lance_ray.MixtureDataset` over ``sources``, resumed from the
     (merged) data state of the checkpoint being restored, else from its epoch's start.
 
@@ -239,10 +239,11 @@ def _global_step(state: dict[str, Any]) -> Any:
     return (state.get("lance_ray") or state.get("lance_ray_mixture") or {}).get("global_step")
 
 
-def report(metrics: dict[str, Any], dataset: StreamingDataset, *,
+def report(metrics: dict[str, Any], dataset: StreamingDataset | MixtureDataset, *,
            model_state: dict[str, Any] | None = None, wait_committed: bool = True) -> None:
     """``ray.train.report`` with a checkpoint holding this rank's data state (and, from
-    rank 0, ``model_state``). Call it on every rank at the same global step.
+    rank 0, ``model_state``). Call it on every rank at the same global step; ``dataset`` is
+    this rank's view (a ``StreamingDataset`` or a ``MixtureDataset``).
 
     With ``wait_committed`` (the default) it returns only once Ray Train's controller has
     registered the checkpoint, so a worker that dies right after cannot take it down with

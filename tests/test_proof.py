@@ -3,7 +3,7 @@ wrong and hold on every correct run, including torn last lines and uncommitted s
 
 from __future__ import annotations
 
-import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,24 +51,20 @@ def mixture_tables(tmp_path_factory) -> tuple[Path, dict[str, int]]:
     return workdir, train_mixture.make_tables(str(workdir / "db"), 400)
 
 
-def write_mixture_log(workdir: Path, samples: list[tuple[int, int]], empty: bool = False
-                      ) -> None:
+def write_mixture_log(workdir: Path, samples: list[tuple[int, int]]) -> SampleLog:
+    """One attempt that trained ``samples`` in steps of 40, as the job's ranks log them."""
     logs = workdir / "samples"
-    logs.mkdir(exist_ok=True)
-    for old in logs.glob("*"):
-        old.unlink()
-    lines = [{"resumed_from": 0, "world_size": 1, "t": 1.0}]
-    lines += [{"step": k // 40 + 1, "samples": samples[k:k + 40]}
-              for k in range(0, len(samples), 40)]
-    (logs / "a-1-0-rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    if empty:  # a rank of a group start that died before writing anything
-        (logs / "b-2-0-rank1.jsonl").write_text("")
+    if logs.exists():
+        shutil.rmtree(logs)
+    return log_attempt(logs, Attempt("a0", 0, 1, 1.0, model_step=0),
+                       {k // 40 + 1: [list(x) for x in samples[k:k + 40]]
+                        for k in range(0, len(samples), 40)}, [])
 
 
 def test_the_mixture_proof_checks_which_samples_not_how_many(mixture_tables):
     workdir, versions = mixture_tables
     planned = train_mixture.planned_samples(workdir, versions, 4, 0)
-    write_mixture_log(workdir, planned, empty=True)
+    write_mixture_log(workdir, planned)
     assert train_mixture.proof(workdir, versions, 4)["exactly_once"]
     source, _ = planned[5]
     stranger = [(source, 10**6), *planned[:5], *planned[6:]]  # one planned sample swapped
@@ -125,13 +121,13 @@ def test_the_mixture_proof_drops_a_cut_last_line_and_refuses_steps_trained_again
         mixture_tables):
     workdir, versions = mixture_tables
     planned = train_mixture.planned_samples(workdir, versions, 4, 0)
-    write_mixture_log(workdir, planned)
-    rank0 = workdir / "samples" / "a-1-0-rank0.jsonl"
-    with rank0.open("a") as f:
-        f.write('{"step": 99, "samples": [[0, 2')  # the rank died mid-write
+    log = write_mixture_log(workdir, planned)
+    with (Path(log.dir) / "rank0.jsonl").open("a") as f:
+        f.write('{"step": 99, "ids": [[0, 2')  # the rank died mid-write
     assert train_mixture.proof(workdir, versions, 4)["exactly_once"]
-    again = workdir / "samples" / "z-1-2-rank0.jsonl"  # resumed from 2, logs 2 again
-    again.write_text(json.dumps({"resumed_from": 2, "world_size": 1, "t": 9.0}) + "\n"
-                     + json.dumps({"step": 2, "samples": planned[40:80]}) + "\n")
-    with pytest.raises(ValueError, match=r"resumed from step 2 but trained steps \[2\]"):
+    # A later attempt that resumed from step 2 and logs step 2 again.
+    log_attempt(workdir / "samples", Attempt("a1", 2, 1, 9.0, model_step=2),
+                {2: [list(x) for x in planned[40:80]]}, [])
+    with pytest.raises(ValueError, match=r"resumed from global step 2 but trained steps "
+                                         r"\[2\]"):
         train_mixture.proof(workdir, versions, 4)

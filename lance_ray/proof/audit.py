@@ -89,8 +89,9 @@ class SampleLog:
             os.makedirs(local, exist_ok=True)
             self._file = open(os.path.join(local, f"rank{rank}.jsonl"), "a")  # noqa: SIM115
 
-    def write(self, step: int, ids: list[int], *, wait_s: float = 0.0) -> None:
-        """Log the sample ids trained on at ``step``, when, and how long data took."""
+    def write(self, step: int, ids: list[Any], *, wait_s: float = 0.0) -> None:
+        """Log the samples trained on at ``step`` (their ids: any JSON values, such as a
+        mixture's ``[source, id]`` pairs), when, and how long data took."""
         record = {"step": step, "ids": ids, "t": time.time(), "wait_s": round(wait_s, 6)}
         line = json.dumps(record) + "\n"
         if self._file is not None:
@@ -189,8 +190,8 @@ def _attempts(root: str | os.PathLike[str],
 
 
 def _steps(attempt_dir: str,
-           storage_options: StorageOptionsFactory | None) -> dict[int, list[int]]:
-    steps: dict[int, list[int]] = {}
+           storage_options: StorageOptionsFactory | None) -> dict[int, list[Any]]:
+    steps: dict[int, list[Any]] = {}
     for rec in _records(attempt_dir, storage_options):
         steps.setdefault(rec["step"], []).extend(rec["ids"])
     return steps
@@ -198,7 +199,7 @@ def _steps(attempt_dir: str,
 
 def read_attempts(root: str | os.PathLike[str], *,
                   storage_options: StorageOptionsFactory | None = None
-                  ) -> list[tuple[Attempt, dict[int, list[int]]]]:
+                  ) -> list[tuple[Attempt, dict[int, list[Any]]]]:
     """Every attempt under ``root`` in start order, with its steps (ranks concatenated)."""
     return [(a, _steps(d, storage_options)) for a, d in _attempts(root, storage_options)]
 
@@ -222,7 +223,7 @@ def read_attempt_logs(root: str | os.PathLike[str], *,
 
 def lineage(root: str | os.PathLike[str], *,
             storage_options: StorageOptionsFactory | None = None,
-            committed_only: bool = False) -> list[list[int]]:
+            committed_only: bool = False) -> list[list[Any]]:
     """The global steps (1-based, in order) that the final model descends from.
 
     ``committed_only``: end at the last attempt's last committed checkpoint (or, if it
@@ -251,12 +252,12 @@ def logged_steps(root: str | os.PathLike[str], *,
 
 
 def _descended(attempts: list[tuple[Attempt, str]],
-               storage_options: StorageOptionsFactory | None) -> dict[int, list[int]]:
+               storage_options: StorageOptionsFactory | None) -> dict[int, list[Any]]:
     """Each logged step's samples, an attempt that resumed from step ``c`` replacing what
     the earlier ones logged after ``c``. Raises where the log shows that what an attempt
     trained does not follow from its restored checkpoint: its model saved at another step
     than its data resumed from, or a step at or before the resume logged again."""
-    effective: dict[int, list[int]] = {}
+    effective: dict[int, list[Any]] = {}
     for attempt, d in attempts:
         resumed = attempt.resumed_from_step
         if attempt.model_step is not None and attempt.model_step != resumed:
