@@ -195,3 +195,30 @@ def test_the_actor_channel_never_starts_ray_to_send_a_report(monkeypatch):
     with pytest.raises(RuntimeError, match="Ray is not connected"):
         client._ActorChannel(handle).send(ReportBatch(0, 1, 0, [1], [[1]], [[1]]))
     assert not calls
+
+
+def test_reports_since_the_last_confirmed_checkpoint_are_sent_again_and_no_older():
+    # A coordinator that Ray restarted may have lost reports it acknowledged: a view sends
+    # again what it sent since its last confirmed checkpoint, at most PENDING_WINDOW steps
+    # (older ones could not seal any more).
+    from lance_ray.state.ledger import PENDING_WINDOW
+
+    channel = Recorder()
+    reporter = Reporter(channel, ReportPolicy(every_batches=4, every_s=60), Clock())
+    for step in range(1, 9):
+        add(reporter, step)
+    reporter.flush(wait=True)
+    reporter.confirm()  # durable: nothing to send again
+    for step in range(9, 15):
+        add(reporter, step)
+    reporter.flush(wait=True)
+    sent = len(channel.sent)
+    reporter.resend()
+    assert [s for b in channel.sent[sent:] for s in b.steps] == list(range(9, 15))
+    assert channel.unanswered() == 0  # resend waits for every acknowledgement
+    for step in range(15, 15 + 3 * PENDING_WINDOW):
+        add(reporter, step)
+    sent = len(channel.sent)
+    reporter.resend()
+    again = [s for b in channel.sent[sent:] for s in b.steps]
+    assert len(again) <= PENDING_WINDOW and again[-1] == 14 + 3 * PENDING_WINDOW

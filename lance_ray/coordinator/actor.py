@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import asdict
 from typing import Any
@@ -23,7 +24,7 @@ from ..plan.background import BackgroundPlans
 from ..plan.generation import file_name, publish_on_nodes, remove_on_nodes
 from ..plan.pack_args import PackOptions
 from ..plan.sources import next_epoch, plan_for
-from ..plan.splits import PlanSpec, SplitPlan
+from ..plan.splits import PlanSpec, SplitPlan, check_epoch_seed
 from ..plan.table import TableRef, table_commit
 from ..state import format as st
 from ..state import ledger as lg
@@ -32,6 +33,7 @@ from ..state.reporting import ReportPolicy
 from ..topology import Topology
 from .incarnation import actor_id, restarted_by_ray
 from .packing import PackedRun
+from .run_file import check_saved_config, ledger_path, run_config, run_identity
 from .throttle import Throttled
 
 logger = logging.getLogger(__name__)
@@ -42,26 +44,6 @@ PLANS_CACHED = 2  # epochs whose plan stays in memory (current and next)
 # out of phase nearly every report call seals a step, and a write can cost milliseconds
 # (more on object storage). A checkpoint (state_dict) and kill() write at once.
 PERSIST_EVERY_S = 0.2
-
-
-def ledger_path(storage_path: str, name: str) -> str:
-    """Where coordinator ``name`` keeps its ledger under ``storage_path``."""
-    return storage.join(storage.join(storage_path, name), "coordinator.json")
-
-
-def run_config(table: TableRef, spec: PlanSpec, packing: PackOptions | None) -> dict[str, Any]:
-    """What a run's ledger must have been written for: the table, the plan (any epoch) and
-    the packing."""
-    return {"uri": table.uri, "spec": {**spec.config(), "epoch": 0},
-            **({} if packing is None else {"packing": asdict(packing)})}
-
-
-def run_identity(table: TableRef, spec: PlanSpec, packing: PackOptions | None
-                 ) -> dict[str, Any]:
-    """:func:`run_config` and the pinned version: a live coordinator serves a ``create``
-    only if both match (its storage path may differ: a job's relative paths move with the
-    copy of its working directory)."""
-    return {**run_config(table, spec, packing), "table_version": table.version}
 
 
 class CoordinatorActor:
@@ -105,6 +87,7 @@ class CoordinatorActor:
         self._nodes: set[str] = set()
         self._views_live = False
         self._generation_file = file_name(actor_id())
+        self._incarnation = uuid.uuid4().hex  # a new one at each (re)start of the actor
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch,
                                                     packed=self._packed is not None)
@@ -114,22 +97,20 @@ class CoordinatorActor:
 
     def _config(self) -> dict[str, Any]:
         return run_config(self._table, self._spec,
-                          None if self._packed is None else self._packed.options)
+                          None if self._packed is None else self._packed.options, self._commit)
 
     def identity(self) -> dict[str, Any]:
         """What ``Coordinator.create`` must ask for to attach to this live actor."""
         return run_identity(self._table, self._spec,
-                            None if self._packed is None else self._packed.options)
+                            None if self._packed is None else self._packed.options,
+                            self._commit)
 
     def _recover(self) -> lg.Ledger | None:
         if not storage.exists(self._path, **self._io):
             return None
         saved = storage.read_json(self._path, **self._io)
-        if saved.get("format_version") != PERSIST_FORMAT or saved.get("config") != self._config():
-            raise ValueError(
-                f"{self._path} holds coordinator {self._name!r} of a different table or plan; "
-                "use another coordinator name or storage_path"
-            )
+        check_saved_config(saved.get("config") if saved.get("format_version") == PERSIST_FORMAT
+                           else {}, self._config(), self._path, self._name)
         ledger = lg.ledger_from_json(saved["ledger"], packed=self._packed is not None)
         if self._packed is not None:
             self._packed.load_json(saved["packed"], lambda name: storage.read_json(
@@ -140,6 +121,8 @@ class CoordinatorActor:
         if restarted_by_ray():
             self._nodes = set(saved.get("nodes", []))
             self._views_live = saved.get("views_live", False)
+        else:  # a new job: the reports of the dead job's steps never seal, nor bind its views
+            ledger.clear_pending()
         logger.info("coordinator %s recovered epoch %d, sealed step %s from %s", self._name,
                     ledger.epoch, ledger.sealed and ledger.sealed.step, self._path)
         return ledger
@@ -172,14 +155,16 @@ class CoordinatorActor:
             nodes = set(self._nodes)
         remove_on_nodes(self._generation_file, nodes)
 
-    def persist_recorded(self) -> None:
+    def persist_recorded(self) -> str:
         """Make every report recorded so far durable (a view's checkpoint: its
         ``state_dict()`` returns after this); one write serves every view whose reports
-        arrived before it."""
+        arrived before it. Returns this incarnation of the actor: where it is not the one
+        that acknowledged the view's reports, they may have died with the last one."""
         held = self._recorded  # the caller's reports were recorded before it asked
         with self._lock:
             if self._durable < held:
                 self._persist(durable=True)
+        return self._incarnation
 
     # ----------------------------------------------------------------- plan
 
@@ -227,15 +212,16 @@ class CoordinatorActor:
     # ----------------------------------------------------------------- progress
 
     def attach(self, topology: Topology, node_id: str | None = None
-               ) -> tuple[dict[str, Any], int, str]:
-        """A new view's start: its state (see :meth:`start`), the generation it belongs to
-        and the name of the file that publishes the generation on node ``node_id``."""
+               ) -> tuple[dict[str, Any], int, str, str]:
+        """A new view's start: its state (see :meth:`start`), the generation it belongs to,
+        the name of the file that publishes the generation on node ``node_id``, and this
+        incarnation (see :meth:`persist_recorded`)."""
         with self._lock:
             state = self.start(topology)
             if node_id is not None and node_id not in self._nodes:
                 self._nodes.add(node_id)
                 self._write_progress.request()
-            return state, self._generation, self._generation_file
+            return state, self._generation, self._generation_file, self._incarnation
 
     def start(self, topology: Topology) -> dict[str, Any]:
         """The state a new view of ``topology`` starts from (resizing if needed)."""
@@ -291,35 +277,43 @@ class CoordinatorActor:
             return self._state(sealed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make ``state`` (a merged checkpoint of this plan) the starting point of all views."""
+        """Make ``state`` (a merged checkpoint of this plan) the starting point of all views.
+        Views attached before a restore that changed the progress stop at their next batch,
+        as after a resize: their reports would seal steps of the abandoned progress."""
         with self._lock:
-            if self._packed is not None:
-                parse_packed_state(state)  # a valid epoch before its plan is built
-                plan = self._plan(state["epoch"])
-                sealed, base = self._packed.restored(
-                    state, self._table, plan, plan.identity(self._commit), self._ledger.world_size)
-                if not lg.starts_from(self._ledger, sealed):
-                    # The same checkpoint again keeps its base: the steps sealed since, still
-                    # kept for state_dict(step=...), are rebuilt from it.
-                    self._packed.base = base
-                    self._save_base()
-                self._restore(sealed)
-                return
-            progress = st.parse_state(state)
-            epoch = state["epoch"]
-            st.check_compatible(state, self._identity(epoch))
-            if not progress.is_complete:
-                raise ValueError(
-                    "the coordinator needs a merged state covering every split; merge the "
-                    "ranks' states with merge_state_dicts() first"
-                )
-            if not progress.exact_everywhere:  # a lancedb state names no rank: cannot tell
-                logger.warning(
-                    "loading a lancedb.streaming state as every rank's progress: if it is one "
-                    "rank's own (its other splits only lower bounds), the samples above them "
-                    "come again; merge the ranks' states with merge_state_dicts() first")
-            self._restore(lg.Sealed(epoch, progress.global_step or 0, self._ledger.world_size,
-                                    tuple(progress.samples), tuple(progress.positions)))
+            sealed = self._restored(state)
+            changed = self._restore(sealed)
+            generation, nodes = self._generation, set(self._nodes)
+        if changed:  # outside the lock, but before returning (as resize does)
+            publish_on_nodes(self._generation_file, generation, nodes)
+
+    def _restored(self, state: dict[str, Any]) -> lg.Sealed:
+        """The progress ``state`` holds, checked against this run (lock held)."""
+        if self._packed is not None:
+            parse_packed_state(state)  # a valid epoch before its plan is built
+            plan = self._plan(state["epoch"])
+            sealed, base = self._packed.restored(
+                state, self._table, plan, plan.identity(self._commit), self._ledger.world_size)
+            if not lg.starts_from(self._ledger, sealed):
+                # The same checkpoint again keeps its base: the steps sealed since, still
+                # kept for state_dict(step=...), are rebuilt from it.
+                self._packed.base = base
+                self._save_base()
+            return sealed
+        st.parse_state(state)  # its structure, and a valid epoch, before the plan is built
+        epoch = state["epoch"]
+        progress = st.parse_state(state, self._plan(epoch).split_len)
+        st.check_compatible(state, self._identity(epoch))
+        if not progress.is_complete:
+            raise ValueError("the coordinator needs a merged state covering every split; "
+                             "merge the ranks' states with merge_state_dicts() first")
+        if not progress.exact_everywhere:  # a lancedb state names no rank: cannot tell
+            logger.warning(
+                "loading a lancedb.streaming state as every rank's progress: if it is one "
+                "rank's own (its other splits only lower bounds), the samples above them "
+                "come again; merge the ranks' states with merge_state_dicts() first")
+        return lg.Sealed(epoch, progress.global_step or 0, self._ledger.world_size,
+                         tuple(progress.samples), tuple(progress.positions))
 
     def _save_base(self) -> None:
         """Write a packed run's base to its own file, before the ledger that names it."""
@@ -330,13 +324,18 @@ class CoordinatorActor:
                                       fsync=True, **self._io)
         self._packed.base_file = name
 
-    def _restore(self, sealed: lg.Sealed) -> None:
-        if lg.restore(self._ledger, sealed):
+    def _restore(self, sealed: lg.Sealed) -> bool:
+        """Start from ``sealed``; whether that changed the progress (then the views before
+        it are stale: a new generation)."""
+        changed = lg.restore(self._ledger, sealed)
+        if changed:
             self._history.restart(sealed)
+            self._generation += 1
         self._built = None  # a packed state's buffers also depend on the restored base
         self._rank_progress.clear()  # the views before the restore are gone
         self._views_live = False
         self._persist(durable=True)
+        return changed
 
     def initial_state(self) -> dict[str, Any]:
         """Zero progress at the epoch the coordinator was created for."""
@@ -360,6 +359,7 @@ class CoordinatorActor:
     def set_epoch(self, epoch: int, generation: int | None = None) -> None:
         """Move the run to ``epoch``; ``generation``: the asking view's, refused when a
         resize has made that view stale (it would move the live views' epoch under them)."""
+        check_epoch_seed(self._spec.shuffle_seed, epoch)  # before anything changes
         with self._lock:
             if generation is not None and generation != self._generation:
                 raise lg.StaleReport(

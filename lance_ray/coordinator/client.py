@@ -134,6 +134,9 @@ class CoordinatorPlans:
         self._reporter = Reporter(_ActorChannel(handle), self.policy)
         self._watch: GenerationWatch | None = None  # set when the view attaches
         self._world_size: int | None = None
+        # The coordinator actor's incarnation that last made this view's reports durable
+        # (or that it attached to): another one means Ray restarted it in between.
+        self._incarnation: str | None = None
 
     @property
     def handle(self) -> Any:
@@ -165,7 +168,8 @@ class CoordinatorPlans:
         from now on the view watches the coordinator's generation on this node."""
         ray = _ray()
         node = ray.get_runtime_context().get_node_id()
-        state, generation, name = ray.get(self.handle.attach.remote(topology, node))
+        state, generation, name, self._incarnation = ray.get(
+            self.handle.attach.remote(topology, node))
         publish(name, generation)  # never lowers it: a resize since attach stays visible
         self._watch = GenerationWatch(name, generation)
         self._world_size = topology.world_size
@@ -177,9 +181,9 @@ class CoordinatorPlans:
         if watch is not None and seen is not None:
             raise lg.StaleReport(
                 f"the coordinator was resized since this view of world size "
-                f"{self._world_size} attached (generation {seen}, the view's "
-                f"{watch.generation}): this view is stale and stops here, before "
-                "handing out another batch; create the views of the new world size "
+                f"{self._world_size} attached, or a checkpoint was restored (generation "
+                f"{seen}, the view's {watch.generation}): this view is stale and stops here, "
+                "before handing out another batch; create the views of the new world size "
                 "(Coordinator.view / StreamingDataset.from_coordinator)")
 
     def part(self, spec: PlanSpec, owned: Sequence[int]) -> SplitPlan:
@@ -197,10 +201,23 @@ class CoordinatorPlans:
         """Send the buffered reports; with ``wait``, until every report is recorded and
         durable (a checkpoint's; nothing to do before the handle is found: nothing was
         reported)."""
-        if self._handle is not None:
-            self._reporter.flush(wait=wait)
-            if wait:
-                _ray().get(self._handle.persist_recorded.remote())
+        if self._handle is None:
+            return
+        self._reporter.flush(wait=wait)
+        if not wait:
+            return
+        while True:
+            incarnation = _ray().get(self._handle.persist_recorded.remote())
+            if incarnation == self._incarnation or self._incarnation is None:
+                break
+            # Ray restarted the coordinator since: it recovered its last write, and reports
+            # it had acknowledged after that are gone. Send them again (idempotent).
+            logger.warning("the coordinator was restarted: sending this view's reports since "
+                           "its last checkpoint again")
+            self._incarnation = incarnation
+            self._reporter.resend()
+        self._incarnation = incarnation
+        self._reporter.confirm()
 
     def set_epoch(self, epoch: int) -> None:
         self.check_current()  # a stale view never moves the live views' epoch
@@ -211,9 +228,11 @@ class CoordinatorPlans:
     def __getstate__(self) -> dict[str, Any]:
         # With an address the handle travels as its name (see find_in_process).
         return {"handle": None if self.address else self._handle, "address": self.address,
-                "policy": self.policy, "watch": self._watch, "world_size": self._world_size}
+                "policy": self.policy, "watch": self._watch, "world_size": self._world_size,
+                "incarnation": self._incarnation}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["handle"], state["policy"],  # type: ignore[misc]
                       state.get("address"))
         self._watch, self._world_size = state.get("watch"), state.get("world_size")
+        self._incarnation = state.get("incarnation")

@@ -17,11 +17,13 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import asdict
 from typing import Any
 
 from .. import storage
+from ..checks import non_negative_int
 from ..state.ledger import StaleReport
 from ..state.merge import merge_state_dicts
 from ..state.mixture import (
@@ -81,6 +83,7 @@ class MixtureCoordinatorActor:
         self._recorded = self._durable = 0  # reports recorded / held by a durable write
         self._write = Throttled(lambda: self._persist(durable=False), PERSIST_EVERY_S,
                                 self._lock)
+        self._incarnation = uuid.uuid4().hex  # a new one at each (re)start of the actor
         self._recover()
         self._persist(durable=True)
 
@@ -103,10 +106,12 @@ class MixtureCoordinatorActor:
                              "mixture; use another coordinator name or storage_path")
         self._world_size, self._epoch = saved["world_size"], saved["epoch"]
         self._generation, self._sealed = saved["generation"], saved["sealed"]
-        self._pending = {(epoch, step): {int(r): state for r, state in ranks.items()}
-                         for (epoch, step), ranks in saved.get("pending", [])}
         if restarted_by_ray():  # the same views report on: a view of another size is stale
+            self._pending = {(epoch, step): {int(r): state for r, state in ranks.items()}
+                             for (epoch, step), ranks in saved.get("pending", [])}
             self._reported = {int(r): (s, n) for r, (s, n) in saved.get("reported", {}).items()}
+        # (A new job's views start from the sealed state: the dead job's pending states
+        # would never seal, and would refuse the new views' other batch sizes.)
         logger.info("mixture coordinator %s recovered epoch %d, sealed step %s", self._name,
                     self._epoch, self._sealed and _key(self._sealed))
 
@@ -134,13 +139,15 @@ class MixtureCoordinatorActor:
         keep their own generation files)."""
         self.persist()
 
-    def persist_recorded(self) -> None:
+    def persist_recorded(self) -> str:
         """Make every report recorded so far durable (a view's checkpoint); one write
-        serves every view whose reports it holds."""
+        serves every view whose reports it holds. Returns this incarnation of the actor
+        (another than the one that acknowledged a view's reports: they may be lost)."""
         held = self._recorded  # the caller's reports were recorded before it asked
         with self._lock:
             if self._durable < held:
                 self._persist(durable=True)
+        return self._incarnation
 
     # ----------------------------------------------------------------- the run
 
@@ -150,10 +157,11 @@ class MixtureCoordinatorActor:
     def report_policy(self) -> dict[str, Any]:
         return asdict(self._policy)
 
-    def attach(self, topology: Topology) -> tuple[dict[str, Any] | None, int]:
+    def attach(self, topology: Topology) -> tuple[dict[str, Any] | None, int, str]:
         """Where a new view of ``topology`` starts: the latest sealed state of the current
-        epoch (None: the epoch's start), and the epoch; a new world size resizes the run
-        when no view of the current one has reported since the last resize or restore."""
+        epoch (None: the epoch's start), the epoch, and this incarnation; a new world size
+        resizes the run when no view of the current one has reported since the last resize
+        or restore."""
         with self._lock:
             if topology.world_size != self._world_size:
                 if self._reported:
@@ -171,7 +179,7 @@ class MixtureCoordinatorActor:
                                  f"{topology.world_size})")
             sealed = self._sealed
             return (sealed if sealed is not None and _key(sealed)[0] >= self._epoch
-                    else None), self._epoch
+                    else None), self._epoch, self._incarnation
 
     def report(self, state: dict[str, Any]) -> int | None:
         """Record a rank's mixture state; returns the global step it sealed, if any."""
@@ -279,6 +287,7 @@ class MixtureCoordinatorActor:
 
     def set_epoch(self, epoch: int) -> None:
         """Views of this run start ``epoch`` from its beginning from now on."""
+        non_negative_int("epoch", epoch)  # before anything changes
         with self._lock:
             if epoch < self._epoch:
                 raise ValueError(f"cannot go back from mixture epoch {self._epoch} to {epoch}")

@@ -12,17 +12,18 @@ import ray
 
 from .. import storage
 from ..checks import numpy_scalars_accepted
-from ..coordinator.actor import CoordinatorActor, run_identity
+from ..coordinator.actor import CoordinatorActor
 from ..coordinator.client import (
     DEFAULT_NAMESPACE,
     constructed,
     find_coordinator,
     wait_name_free,
 )
+from ..coordinator.run_file import run_identity, same_run
 from ..plan.pack_args import pack_options
 from ..plan.remote import is_remote_table
 from ..plan.resolve import resolve_plan
-from ..plan.table import StorageOptionsFactory, release_lease, take_lease
+from ..plan.table import StorageOptionsFactory, release_lease, table_commit, take_lease
 from ..state.mixture import MixtureRun
 from ..state.reporting import ReportPolicy
 from ..topology import splits_per_rank
@@ -164,7 +165,7 @@ class Coordinator:
             raise ValueError("Coordinator.create takes columns only with pack_sequences (the "
                              "token column); pass columns to each view instead")
         path = storage.absolute(storage_path)
-        asked = run_identity(ref, spec, packing)
+        asked = run_identity(ref, spec, packing, table_commit(ref))
         live = _live_actor(name, namespace)
         if live is not None:  # a restarted driver attaches to its run's live coordinator
             try:
@@ -269,8 +270,7 @@ def _live_actor(name: str, namespace: str) -> Any | None:
 
 def _check_same_run(name: str, live: dict[str, Any], asked: dict[str, Any]) -> None:
     """Refuse to attach ``create`` to a live coordinator of another run."""
-    differ = {k: (live.get(k), asked.get(k)) for k in asked.keys() | live.keys()
-              if live.get(k) != asked.get(k)}
+    differ = same_run(live, asked)
     if differ:
         shown = "; ".join(f"{k}: live {a!r}, asked {b!r}" for k, (a, b) in sorted(differ.items()))
         resume = (f"; to resume it, pass table_version={live['table_version']}"

@@ -12,6 +12,11 @@ thousand ranks each reporting every batch is more calls than one actor can answe
 * and, waiting for the coordinator's acknowledgement of every report sent so far, at a
   checkpoint (``flush(wait=True)``): a checkpoint never depends on a report in flight.
 
+Reports sent since the last checkpoint are kept (at most ``PENDING_WINDOW`` steps: older
+ones could not seal any more) until the coordinator has made them durable (``confirm``): a
+coordinator that Ray restarted in between may have lost some it had acknowledged, and they
+are sent again (``resend``; recording a report twice changes nothing).
+
 Calls are fire and forget, with at most ``max_in_flight`` unanswered at a time (the next
 send waits for the oldest: back-pressure, and a bound on what the actor queues per rank).
 A failed call (e.g. a stale world size) is raised by the next ``add`` or ``flush``.
@@ -109,6 +114,7 @@ class Reporter:
         self._interval = policy.interval_s(1)
         self._in_flight: deque[Any] = deque()
         self._answered: list[Any] = []  # replies whose result the caller has not seen yet
+        self._unconfirmed: deque[ReportBatch] = deque()  # sent, not known durable (resend)
 
     @property
     def buffered_steps(self) -> int:
@@ -151,6 +157,18 @@ class Reporter:
                 self._in_flight.clear()
             self._raise_answered()
 
+    def confirm(self) -> None:
+        """Every report sent so far is durable at the coordinator: forget them."""
+        with self._lock:
+            self._unconfirmed.clear()
+
+    def resend(self) -> None:
+        """Send every report not confirmed durable again, and wait for the coordinator to
+        acknowledge them (raising the error of any it refused)."""
+        with self._lock:
+            for batch in self._unconfirmed:
+                self._channel.result(self._channel.send(batch))
+
     def tick(self) -> bool:
         """Send the buffer if its oldest step is due (the background thread's call);
         returns whether anything is still buffered."""
@@ -182,6 +200,10 @@ class Reporter:
         rank, world_size, epoch = self._key
         batch = ReportBatch(rank, world_size, epoch, self._steps, *self._columns)
         self._in_flight.append(self._channel.send(batch))
+        self._unconfirmed.append(batch)
+        kept = sum(len(b.steps) for b in self._unconfirmed)
+        while kept - len(self._unconfirmed[0].steps) >= PENDING_WINDOW:
+            kept -= len(self._unconfirmed.popleft().steps)  # too old to seal if resent
         self._steps, self._columns = [], ()
 
     def _raise_answered(self) -> None:

@@ -23,6 +23,7 @@ from ..coordinator.client import (
     find_coordinator,
     find_in_process,
 )
+from ..coordinator.mixture import PENDING_STEPS
 from ..plan.sources import ray_is_up
 from ..state.mixture import MixtureRun
 from ..state.reporting import ReportPolicy
@@ -77,6 +78,11 @@ class MixtureLink:
         self.address, self.run, self.policy = address, run, policy
         self._handle = handle  # found again where it is used (see find_in_process)
         self._in_flight: deque[Any] = deque()
+        # States sent since the last checkpoint, and the coordinator's incarnation that made
+        # the last one durable: one Ray restarted in between may have lost some it had
+        # acknowledged, and they go again (recording a state twice changes nothing).
+        self._unconfirmed: deque[dict[str, Any]] = deque(maxlen=PENDING_STEPS)
+        self._incarnation: str | None = None
 
     @classmethod
     def connect(cls, name: str, namespace: str) -> MixtureLink:
@@ -97,7 +103,8 @@ class MixtureLink:
     def start(self, topology: Topology) -> tuple[dict[str, Any] | None, int]:
         """The sealed state a new view starts from (None: the start of the epoch), and the
         epoch; a new world size resizes the run (and its sources) first."""
-        return _ray().get(self.handle.attach.remote(topology))
+        state, epoch, self._incarnation = _ray().get(self.handle.attach.remote(topology))
+        return state, epoch
 
     def due(self, global_step: int, at_end: bool) -> bool:
         """Whether the state after ``global_step`` is sent: a step every rank of a lockstep
@@ -113,9 +120,15 @@ class MixtureLink:
         while len(self._in_flight) >= self.policy.max_in_flight:
             ray.get(self._in_flight.popleft())  # back-pressure; raises a refused report
         self._in_flight.append(self.handle.report.remote(state))
+        self._unconfirmed.append(state)
         if wait:  # a checkpoint: recorded, and durable
             self.flush()
-            ray.get(self.handle.persist_recorded.remote())
+            while (incarnation := ray.get(self.handle.persist_recorded.remote())) \
+                    not in (self._incarnation, None) and self._incarnation is not None:
+                self._incarnation = incarnation  # restarted since: send them again
+                ray.get([self.handle.report.remote(s) for s in self._unconfirmed])
+            self._incarnation = incarnation
+            self._unconfirmed.clear()
 
     def flush(self) -> None:
         while self._in_flight:

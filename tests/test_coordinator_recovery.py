@@ -1,0 +1,122 @@
+"""What a coordinator takes back after a restart or a new job, and what it refuses.
+
+Invariant: whatever the coordinator recovers (its ledger, after Ray restarted it or a new job
+made it) is the progress of this run's table and plan, and nothing a view has checkpointed
+is lost; a restore or a refused call never leaves views reading on abandoned progress, and
+never writes progress a view would refuse. Real Lance tables, one shared local Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import coordinators, wait_sealed
+from test_coordinator import GLOBAL_BATCH, NUM_SPLITS, local_views, step_views, uninterrupted
+
+from lance_ray.driver.handle import Coordinator
+from lance_ray.state.ledger import StaleReport
+from lance_ray.state.reporting import ReportPolicy
+
+
+@pytest.fixture
+def coord_factory(ray_session, table_1k, tmp_path):
+    with coordinators(table_1k, str(tmp_path / "store"), world_size=2,
+                      num_splits=NUM_SPLITS) as make:
+        yield make
+
+
+def test_reports_acknowledged_by_an_actor_that_died_before_writing_them_are_sent_again(
+        coord_factory, table_1k):
+    # Ledger writes are throttled: a report acknowledged within PERSIST_EVERY_S of the last
+    # write is written later, and dies with the actor if it is killed before. The views'
+    # checkpoints must still seal their step.
+    coord = coord_factory("lost_report", report_policy=ReportPolicy(every_batches=1))
+    views = [coord.view(r, 2, reader="local", read_batch_size=64) for r in range(2)]
+    iters = [v.iter_batches(GLOBAL_BATCH // 2) for v in views]
+    delivered = []
+    for _ in range(10):
+        time.sleep(0.3)  # the writes are idle: rank 0's report is written at once, rank 1's
+        delivered += step_views(iters, 1)  # is held up to 0.2 s
+    deadline = time.monotonic() + 10
+    while {r: p["step"] for r, p in coord.status()["ranks"].items()} != {0: 10, 1: 10}:
+        assert time.monotonic() < deadline, coord.status()  # both acknowledged
+    os.kill(coord.status()["pid"], signal.SIGKILL)  # Ray restarts it from its last write
+    assert [v.state_dict()["lance_ray"]["global_step"] for v in views] == [10, 10]
+    assert coord.status()["sealed_step"] == 10
+    coord.resize(1)  # nothing delivered comes again
+    rest = step_views([coord.view(0, 1, reader="local").iter_batches(GLOBAL_BATCH)])
+    flat = [i for step in delivered + rest for i in step]
+    assert sorted(flat) == sorted(i for b in uninterrupted(table_1k) for i in b)  # each once
+
+
+def test_a_restore_that_changes_the_progress_stops_the_views_before_it(coord_factory,
+                                                                         table_1k):
+    coord = coord_factory("restore_stale", report_policy=ReportPolicy(every_batches=1))
+    old = local_views(coord, 2)
+    step_views(old, 4)
+    wait_sealed(coord, 4)
+    early = coord.state_dict()
+    step_views(old, 2)
+    wait_sealed(coord, 6)
+    coord.load_state_dict(early)
+    with pytest.raises(StaleReport, match="a checkpoint was restored"):
+        step_views(old, 1)  # its reports would seal steps of the abandoned progress
+    resumed = step_views(local_views(coord, 2))
+    assert [sorted(s) for s in resumed] == [sorted(s) for s in uninterrupted(table_1k)[4:]]
+    coord.load_state_dict(coord.state_dict())  # the same progress again: no new generation
+
+
+def test_refused_states_and_epochs_change_nothing(coord_factory):
+    coord = coord_factory("refusals")
+    step_views(local_views(coord, 2), 3)
+    before = coord.state_dict()
+    beyond = {"shuffle_seed": before["shuffle_seed"], "num_splits": NUM_SPLITS, "epoch": 0,
+              "samples_consumed_per_split": [10**6] * NUM_SPLITS,
+              "positions_consumed_per_split": [10**6] * NUM_SPLITS}  # a lancedb-format state
+    with pytest.raises(ValueError, match="beyond the split length"):
+        coord.load_state_dict(beyond)
+    for epoch in (1.5, -1, 2**62):
+        with pytest.raises(ValueError, match="epoch"):
+            coord.set_epoch(epoch)
+    assert coord.state_dict() == before
+    assert len(step_views(local_views(coord, 2))) > 0  # views still start from it
+
+
+def test_a_new_job_drops_the_dead_jobs_unsealed_reports(coord_factory, tmp_path, table_1k):
+    coord = coord_factory("pending", report_policy=ReportPolicy(every_batches=1))
+    first = local_views(coord, 2)
+    step_views(first, 2)
+    next(first[0])  # rank 0 reports step 3; rank 1 never does
+    wait = time.monotonic() + 10
+    while coord.status()["pending_steps"] != [3]:
+        assert time.monotonic() < wait, coord.status()
+    coord.kill()
+    again = coord_factory("pending")  # a new job: same name and storage path
+    assert again.status()["pending_steps"] == []
+    # Its ranks read another batch size: step 3 is another step, never refused.
+    views = [again.view(r, 2, reader="local").iter_batches(GLOBAL_BATCH) for r in range(2)]
+    got = step_views(views)
+    assert sorted(i for b in got for i in b) == sorted(i for b in uninterrupted(table_1k)[2:]
+                                                       for i in b)
+
+
+def test_a_ledger_of_a_table_dropped_and_created_again_is_refused(ray_session, tmp_path):
+    db = lancedb.connect(tmp_path / "db")
+    table = db.create_table("t", pa.table({"id": np.arange(480)}))
+    store = str(tmp_path / "store")
+    coord = Coordinator.create(table, "recreated", storage_path=store, world_size=2,
+                               num_splits=4)
+    step_views([coord.view(r, 2, reader="local").iter_batches(24) for r in range(2)], 3)
+    coord.state_dict()
+    coord.release_version()
+    coord.kill()
+    db.drop_table("t")
+    table = db.create_table("t", pa.table({"id": np.arange(1000, 1480)}))  # same version
+    with pytest.raises(ValueError, match="dropped and created again"):
+        Coordinator.create(table, "recreated", storage_path=store, world_size=2, num_splits=4)
