@@ -408,7 +408,6 @@ def test_batches_in_host_memory_never_probe_cuda(table_factory, monkeypatch):
     (lambda: placement("cuda:0", True, cuda=False), RuntimeError, "CUDA is not available"),
     (lambda: placement("cpu", True), ValueError, "pass device='cuda'"),
     (lambda: placement(None, "yes"), TypeError, "pin_memory must be True, False or None"),
-    (lambda: loader_placement(False, "cuda"), ValueError, "pass pin_memory=True"),
     (lambda: loader_placement(True, "cpu"), ValueError, "pass '' \\(the current one\\)"),
     (lambda: loader_placement(True, "mps"), ValueError, "move the batches yourself"),
     (lambda: loader_placement(True, "gpu"), ValueError, r"must be '' or 'cuda\[:N\]'"),
@@ -426,6 +425,9 @@ def test_the_cpu_device_and_no_pinning_change_nothing():
     assert placement(torch.device("cpu")) is None
     assert placement("cpu:0") is None
     assert loader_placement(False, "") is None
+    # torch ignores the device to pin for without pin_memory (a common
+    # `pin_memory=torch.cuda.is_available(), pin_memory_device="cuda"`)
+    assert loader_placement(False, "cuda") is None
     with pytest.warns(UserWarning, match="no accelerator"):
         assert placement(None, True, cuda=False) is None
     assert NO_ACCELERATOR.startswith("'pin_memory' argument is set as true")

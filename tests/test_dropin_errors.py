@@ -258,3 +258,32 @@ def test_a_dataset_iterator_blocks_loaders_until_exhausted(table):
     assert len(rest) == 119
     assert list(iter(loader)) != []  # exhausted: the next iteration starts epoch 1
     assert ds.epoch == 1
+
+
+# ----------------------------------------------------------------------- loader surface
+
+
+def test_the_loader_reports_the_batch_size_it_was_given(table):
+    from lancedb.streaming import StreamingDataLoader as ReferenceLoader
+    from lancedb.streaming import StreamingDataset as Reference
+
+    reference = ReferenceLoader(Reference(table, num_splits=SPLITS), batch_size=8)
+    loader = lance_ray.StreamingDataLoader(ours(table), batch_size=8)
+    assert loader.batch_size == reference.batch_size == 8  # e.g. samples = steps * batch_size
+    assert lance_ray.StreamingDataLoader(ours(table), batch_size=None).batch_size is None
+
+
+def test_a_loader_whose_iterator_torch_refuses_leaves_the_dataset_as_it_was(table):
+    ds = ours(table)
+    with pytest.raises(AssertionError):  # torch: a timeout needs worker processes
+        next(iter(lance_ray.StreamingDataLoader(ds, batch_size=8, timeout=5)))
+    assert ds.raw_queue_depth == 0 and ds.state_dict() == ours(table).state_dict()
+    assert sum(len(b["id"]) for b in lance_ray.StreamingDataLoader(ds, batch_size=8)) == 120
+
+
+def test_a_reference_dataset_given_to_the_loader_is_named_with_its_module(table):
+    from lancedb.streaming import StreamingDataset as Reference
+
+    with pytest.raises(TypeError, match=r"got lancedb\.streaming\.StreamingDataset: build "
+                                        r"the dataset with lance_ray\.StreamingDataset"):
+        lance_ray.StreamingDataLoader(Reference(table, num_splits=SPLITS), batch_size=8)

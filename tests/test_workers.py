@@ -77,6 +77,15 @@ def test_loader_workers_work_in_any_script_and_read_every_sample_once(tmp_path, 
     if not guarded:
         assert len(starts) == 1, "workers must not run an unguarded script again"
     assert sorted((tmp_path / "inits").read_text().split()) == ["0", "1"]
+    assert "not fork-safe" not in done.stderr  # the fork server's forks are safe: no warning
+
+
+def test_an_unguarded_script_may_fork_its_workers_itself(tmp_path, db_2k):
+    # fork copies the parent and never runs the script again: nothing to refuse (Lance's
+    # own fork-safety warning is the user's to weigh).
+    done = run_script(tmp_path, db_2k, guarded=False, context=', multiprocessing_context="fork"')
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(json.loads(done.stdout.strip().splitlines()[-1])) == list(range(2000))
 
 
 def test_an_unguarded_script_with_its_own_start_method_fails_at_once_naming_the_guard(

@@ -204,10 +204,11 @@ class StreamingDataLoader(DataLoader):
                  persistent_workers: bool = False, pin_memory: bool = False,
                  pin_memory_device: str = "", **kwargs: Any) -> None:
         if not isinstance(dataset, StreamingDataset):
+            kind = type(dataset)
             raise TypeError(
                 f"StreamingDataLoader requires a lance_ray.StreamingDataset, got "
-                f"{type(dataset).__name__}"
-            )
+                f"{kind.__module__}.{kind.__qualname__}: build the dataset with "
+                "lance_ray.StreamingDataset(...) (it takes the same arguments)")
         if type(dataset).__iter__ is not StreamingDataset.__iter__:
             raise TypeError(
                 f"StreamingDataLoader cannot load {type(dataset).__name__}: datasets it loads "
@@ -215,6 +216,7 @@ class StreamingDataLoader(DataLoader):
                 "dataset's batches itself), so the override would be silently ignored. "
                 "Iterate the subclass with a plain loop, or move its logic into a transform"
             )
+        requested = batch_size
         if batch_size is None:  # torch's unbatched mode
             batch_size, collate_fn = 1, EachSample(collate_fn)
         positive_int("batch_size", batch_size)
@@ -244,6 +246,9 @@ class StreamingDataLoader(DataLoader):
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
+        # What the user asked for, as torch's loader reports it (torch itself reads it only
+        # in __len__, which this class answers; its batching is off: batches come whole).
+        self.__dict__["batch_size"] = requested
 
 
     @property
@@ -275,15 +280,17 @@ class StreamingDataLoader(DataLoader):
         self._source.group = max(1, p.first_read_rows // self._batch_size_samples
                                  ) if self.num_workers and not p.transforms else 1
         p.read_ahead_everything()
-        inner = super().__iter__()
+        inner = None
         try:
+            inner = super().__iter__()  # may refuse its arguments: the pass still closes
             if p.drops_rows:
                 yield from self._survivors(p, inner)
             else:
                 yield from self._committed(p, inner)
             p.finished()
         finally:
-            stop_workers(inner)
+            if inner is not None:
+                stop_workers(inner)
             p.close()
 
     def _worker_reads(self, mode: PackedMode, rows: RankStream,

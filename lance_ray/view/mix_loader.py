@@ -158,6 +158,7 @@ class MixtureDataLoader(DataLoader):
         self._batch_size_samples = batch_size
         super().__init__(self._source, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
+        self.__dict__["batch_size"] = batch_size  # as torch's loader reports it (see loader)
 
     @property
     def streaming_dataset(self) -> MixtureDataset:

@@ -115,10 +115,7 @@ def loader_placement(pin_memory: bool, pin_memory_device: str, *,
     if not isinstance(pin_memory_device, str):
         raise TypeError(f"pin_memory_device must be a string ('' or 'cuda[:N]'), got "
                         f"{pin_memory_device!r}")
-    if pin_memory_device and not pin_memory:
-        raise ValueError(f"pin_memory_device={pin_memory_device!r} has no effect without "
-                         "pin_memory=True: pass pin_memory=True, or drop pin_memory_device")
-    if not pin_memory:
+    if not pin_memory:  # pin_memory_device is then ignored, as torch ignores it
         return None  # CUDA is not even probed: the probe can break a later fork
     cuda = _cuda_available() if cuda is None else cuda
     if pin_memory_device:

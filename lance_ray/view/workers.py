@@ -21,7 +21,9 @@ from multiprocessing.context import ForkServerContext, ForkServerProcess
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ["torch", "pyarrow", "lance", "lance_ray.view.dataset"]
+# Imported by the fork server before it forks any worker; the first one quiets Lance's
+# warning at each fork (the server imported Lance but never used it: that fork is safe).
+PRELOAD = ["lance_ray.view.fork_server", "torch", "pyarrow", "lance", "lance_ray.view.dataset"]
 
 
 def unguarded_main_line() -> int | None:
@@ -120,9 +122,10 @@ def prepare_workers(kwargs: dict[str, Any]) -> None:
     already imported the heavy modules: safe and fast to start.
     """
     line = unguarded_main_line()
-    if "multiprocessing_context" not in kwargs:
+    context = kwargs.get("multiprocessing_context")
+    if context is None:
         kwargs["multiprocessing_context"] = worker_context(script_free=line is not None)
-    elif line is not None:
+    elif line is not None and _runs_the_script(context):
         raise RuntimeError(
             f"StreamingDataLoader workers started from line {line} of the main script, "
             "outside an `if __name__ == \"__main__\":` guard, with multiprocessing_context="
@@ -132,6 +135,13 @@ def prepare_workers(kwargs: dict[str, Any]) -> None:
         )
     if kwargs.get("worker_init_fn") is not None:
         kwargs["worker_init_fn"] = CallByValue(kwargs["worker_init_fn"])
+
+
+def _runs_the_script(context: Any) -> bool:
+    """Whether workers of ``context`` (a start method's name or a multiprocessing context)
+    import the main script again: all but fork's, which copies the parent."""
+    method = context if isinstance(context, str) else context.get_start_method()
+    return method != "fork"
 
 
 class ForwardsToDataset:
