@@ -29,6 +29,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import re
 import tempfile
 from collections.abc import Callable
@@ -77,22 +78,29 @@ def check_world_sizes(num_workers: int | tuple[int, int], num_splits: int,
     if lo > hi:
         raise ValueError(f"num_workers={num_workers!r}: the minimum world size is above the "
                          "maximum; pass (min, max)")
-    bad = [w for w in range(lo, hi + 1) if num_splits % w]
+    sizes = range(lo, hi + 1)
+    every = math.lcm(*sizes)  # the num_splits that every world size divides are its multiples
+    bad = [w for w in sizes if num_splits % w]
     if bad:
         raise ValueError(
             f"world sizes {bad} in num_workers={num_workers!r} do not divide num_splits "
-            f"({num_splits}); valid world sizes are {valid_world_sizes(num_splits)}: narrow "
-            "the range or choose a more composite num_splits (e.g. 48 or 60)"
+            f"({num_splits}); valid world sizes are {valid_world_sizes(num_splits)}: "
+            + ("narrow the range, or " if lo < hi else "")
+            + f"use a num_splits that every world size divides (a multiple of {every}, "
+            f"e.g. {every * max(1, -(-num_splits // every))})"
         )
     if global_batch is not None and global_batch % num_splits:
-        fits = [d for d in range(hi, global_batch + 1)
-                if global_batch % d == 0 and all(d % w == 0 for w in range(lo, hi + 1))]
+        fits = [d for d in range(every, global_batch + 1, every) if global_batch % d == 0]
+        fix = (f"use a num_splits that divides global_batch and that every world size divides "
+               f"(here: {fits[:6]}), or change global_batch" if fits else
+               f"no num_splits both divides it and is a multiple of {every} (what every world "
+               f"size divides): use a global_batch that is a multiple of num_splits, e.g. "
+               f"{num_splits * max(1, global_batch // num_splits)}")
         raise ValueError(
             f"global_batch ({global_batch}) is not a multiple of num_splits ({num_splits}): "
             "each step would take more samples from some splits than from others, so after "
             "a resize the ranks could have different numbers of batches left and DDP would "
-            f"wait on the ranks that finished. Use a num_splits that divides global_batch "
-            f"and that every world size divides (here: {fits[:6]}), or change global_batch"
+            f"wait on the ranks that finished. {fix[0].upper()}{fix[1:]}"
         )
 
 

@@ -120,3 +120,15 @@ def test_a_ledger_of_a_table_dropped_and_created_again_is_refused(ray_session, t
     table = db.create_table("t", pa.table({"id": np.arange(1000, 1480)}))  # same version
     with pytest.raises(ValueError, match="dropped and created again"):
         Coordinator.create(table, "recreated", storage_path=store, world_size=2, num_splits=4)
+
+
+def test_a_run_with_a_drawn_seed_is_resumed_by_passing_that_seed(coord_factory):
+    # shuffle_seed=None draws a new seed at every create: the refusal names the run's own.
+    coord = coord_factory("drawn_seed", shuffle_seed=None)
+    seed = coord.state_dict()["shuffle_seed"]
+    with pytest.raises(ValueError, match=f"to resume it, pass shuffle_seed={seed}$"):
+        coord_factory("drawn_seed", shuffle_seed=None)  # a restarted driver, actor live
+    coord.kill()
+    with pytest.raises(ValueError, match=f"pass shuffle_seed={seed} to resume that run"):
+        coord_factory("drawn_seed", shuffle_seed=None)  # a new job
+    assert coord_factory("drawn_seed", shuffle_seed=seed).status()["sealed_step"] == 0

@@ -113,6 +113,15 @@ def test_a_global_batch_that_is_not_a_multiple_of_num_splits_is_refused():
     with pytest.raises(ValueError,
                        match=r"not a multiple of num_splits \(48\).*\[4, 8, 16, 32, 64\]"):
         check_world_sizes(4, 48, global_batch=64)
+    # Suggestions that hold: a num_splits every world size divides, or, where no num_splits
+    # can fit the batch, a batch that fits the splits.
+    with pytest.raises(ValueError, match=r"\(a multiple of 16, e\.g\. 16\)$"):
+        check_world_sizes(16, 12)
+    with pytest.raises(ValueError, match=r"narrow the range, or .*a multiple of 12, e\.g\. 12"):
+        check_world_sizes((2, 4), 10)
+    with pytest.raises(ValueError, match=r"No num_splits both divides it and is a multiple of "
+                                         r"12 .*e\.g\. 48$"):
+        check_world_sizes((2, 4), 12, global_batch=50)
 
 
 def _two_ranks(loop, name: str, tmp_path, config: dict | None = None):

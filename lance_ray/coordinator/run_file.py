@@ -58,6 +58,13 @@ def check_saved_config(saved: dict[str, Any], config: dict[str, Any], path: str,
             f"table was dropped and created again since: commit {theirs[COMMIT_KEY]!r}, now "
             f"{config.get(COMMIT_KEY)!r}); its progress is not this table's: use another "
             "coordinator name or storage_path")
+    seed = theirs.get("spec", {}).get("shuffle_seed")
+    if {**theirs, "spec": {**theirs.get("spec", {}), "shuffle_seed": None}} == \
+            {**config, "spec": {**config.get("spec", {}), "shuffle_seed": None}}:
+        raise ValueError(f"{path} holds coordinator {name!r} of the same table and plan with "
+                         f"shuffle_seed={seed}: pass shuffle_seed={seed} to resume that run "
+                         "(shuffle_seed=None draws a new seed at every create), or use "
+                         "another coordinator name or storage_path for a new run")
     raise ValueError(f"{path} holds coordinator {name!r} of a different table or plan; use "
                      "another coordinator name or storage_path")
 

@@ -275,6 +275,10 @@ def _check_same_run(name: str, live: dict[str, Any], asked: dict[str, Any]) -> N
         shown = "; ".join(f"{k}: live {a!r}, asked {b!r}" for k, (a, b) in sorted(differ.items()))
         resume = (f"; to resume it, pass table_version={live['table_version']}"
                   if set(differ) == {"table_version"} else "")
+        if set(differ) == {"spec"}:
+            (theirs, ours), seedless = differ["spec"], {"shuffle_seed": None}
+            if {**theirs, **seedless} == {**ours, **seedless}:  # shuffle_seed=None draws anew
+                resume = f"; to resume it, pass shuffle_seed={theirs['shuffle_seed']}"
         raise ValueError(
             f"a live coordinator named {name!r} runs another run ({shown[:600]}): use another "
             f"name, or end that run first (Coordinator.get(name).kill()){resume}")
