@@ -28,6 +28,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """argparse ``type=``: a finite number >= 0 (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive number, got {text}")
+    return value
+
+
 def check_run_sizes(workers: int | tuple[int, int], num_splits: int,
                     global_batch: int | None, *,
                     workers_from: str = "--workers") -> None:

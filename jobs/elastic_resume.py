@@ -89,6 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     logger.info("uninterrupted reference run on 1 rank")
     full, _ = run_steps(uri, 1, args.global_batch, plan)
     epoch = [i for s in full for i in s]
+    if args.stop_step >= len(full):  # a checkpoint at the epoch's end leaves nothing to resume
+        ray.shutdown()
+        raise SystemExit(f"--stop-step {args.stop_step} is not inside the epoch: it has "
+                         f"{len(full)} global steps of {args.global_batch} samples; pass a "
+                         f"--stop-step below {len(full)} (or more --rows)")
 
     logger.info("2 ranks until global step %d, then checkpoint", args.stop_step)
     before_steps, merged = run_steps(uri, 2, args.global_batch, plan, stop_step=args.stop_step)

@@ -36,7 +36,7 @@ import torch
 from ray.train.torch import TorchTrainer
 
 import lance_ray.train as lt
-from jobs.args import check_run_sizes, positive_int
+from jobs.args import check_run_sizes, non_negative_float, positive_int
 from lance_ray import storage
 from lance_ray.cli import print_status
 from lance_ray.driver.handle import Coordinator
@@ -45,6 +45,7 @@ from lance_ray.storage import read_json, write_json_atomic
 from lance_ray.view.stats import progress_bar
 
 logger = logging.getLogger("train")
+READ_CPUS = 0.5  # what each read task asks for: train workers and reads share the CPUs
 
 
 def shared_attempt_id(rank: int) -> str:
@@ -63,7 +64,7 @@ def train_loop(config: dict[str, Any]) -> None:
     announce_worker(config["log_dir"], rank, world_size)
     view_started = time.monotonic()
     ds = lt.get_dataset(config["name"], columns=["id", "v", "label"], read_batch_size=1024,
-                        ray_remote_args={"num_cpus": 0.5})
+                        ray_remote_args={"num_cpus": READ_CPUS})
     view_s = time.monotonic() - view_started
     model = torch.nn.Sequential(torch.nn.Linear(config["dim"], 32), torch.nn.ReLU(),
                                 torch.nn.Linear(32, 10))
@@ -154,8 +155,16 @@ def worker_resources(workers: int) -> dict[str, float]:
     A cluster with slots, but fewer than ``workers``, is refused: a group asking for slots
     would wait for them forever, and one asking for CPUs instead would take the few CPUs
     that Ray Data's reads need (all of a ``cluster/local.sh`` cluster's) and hang."""
-    slots = int(ray.cluster_resources().get("slot", 0))
+    resources = ray.cluster_resources()
+    slots = int(resources.get("slot", 0))
     if not slots:
+        # Half a CPU each, and at least a read task's half left over: with no CPU left for
+        # the reads the group would wait for ever (a local cluster of no worker nodes).
+        if resources.get("CPU", 0.0) - 0.5 * workers < READ_CPUS:
+            raise SystemExit(
+                f"{workers} train workers at 0.5 CPU each leave no CPU for the reads on this "
+                f"cluster ({resources.get('CPU', 0.0):g} CPUs, no train slots): add nodes (a "
+                "local cluster: cluster/local.sh resize 1) or lower --workers")
         return {"CPU": 0.5}
     if slots < workers:
         raise SystemExit(
@@ -209,11 +218,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=positive_int, default=2)
     p.add_argument("--min-workers", type=positive_int, default=None,
                    help="elastic training: ScalingConfig(num_workers=(min, --workers))")
-    p.add_argument("--resize-interval", type=float, default=60.0,
+    p.add_argument("--resize-interval", type=non_negative_float, default=60.0,
                    help="elastic training: seconds between Ray Train's checks for a "
                         "cluster that can hold more workers "
                         "(ScalingConfig.elastic_resize_monitor_interval_s)")
-    p.add_argument("--step-delay", type=float, default=0.0,
+    p.add_argument("--step-delay", type=non_negative_float, default=0.0,
                    help="seconds each step sleeps, standing in for model compute")
     p.add_argument("--num-splits", type=positive_int, default=8)
     p.add_argument("--global-batch", type=positive_int, default=64)
@@ -255,6 +264,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     coordinator = Coordinator.create(table, args.name, storage_path=ledger_dir,
                        world_size=args.workers, num_splits=args.num_splits,
                        shuffle_seed=args.seed, table_version=run["table_version"])
+    if not coordinator.created:  # a live one: its job's driver holds it (it dies with it)
+        raise SystemExit(f"run {args.name!r} is running in another job (its coordinator is "
+                         "live): wait for that job to end, or stop it (ray job stop), then "
+                         "submit this one again to resume the run")
     resources = worker_resources(args.min_workers or args.workers)
     scaling = ray.train.ScalingConfig(num_workers=0 if args.local_mode else num_workers,
                                       resources_per_worker=resources,

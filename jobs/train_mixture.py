@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import time
 import uuid
 from collections import Counter
@@ -217,6 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check_run_sizes(workers, args.num_splits, args.global_batch, workers_from=flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(args.workdir).resolve()
+    for stale in ("db", "samples", "storage", "coordinator"):
+        # Each run proves itself: an earlier run's tables, logs and checkpoints would be
+        # resumed instead (and its crash marker, in samples/, skip this run's crash).
+        shutil.rmtree(workdir / stale, ignore_errors=True)
     versions = make_tables(str(workdir / "db"), args.rows)
     started = not ray.is_initialized()
     if started:

@@ -42,7 +42,8 @@ def verify_run(run_dir: str | Path) -> tuple[CoverageReport, list[str]]:
     run = read_json(storage.join(run_dir, "run.json"))
     samples = storage.join(run_dir, "samples")
     attempts = [f"attempt {i}: {a.world_size} worker(s), resumed from step "
-                f"{a.resumed_from_step}, logged steps {min(s, default=0)}..{max(s, default=0)}"
+                f"{a.resumed_from_step}, " + (f"logged steps {min(s)}..{max(s)}" if s
+                                               else "logged no step")
                 for i, (a, s) in enumerate(read_attempts(samples))]
     steps = lineage(samples, committed_only=True)  # what the saved model trained on
     logged = logged_steps(samples)
@@ -62,6 +63,14 @@ def print_proof(report: CoverageReport, attempts: list[str], unit: str = "sample
     print(f"global steps identical to an uninterrupted run: "
           f"{report.steps_matching}/{report.steps_compared}")
     ok = report.exactly_once and report.steps_identical and report.after == report.planned
+    if not ok and not report.duplicates and not report.unexpected and \
+            report.steps_matching == report.steps_trained < report.steps_compared:
+        # Sound so far, but not over: the lost ones are the steps not trained yet.
+        print(f"PROOF: INCOMPLETE: the saved model reached global step {report.steps_trained} "
+              f"of {report.steps_compared}; every {unit} up to it exactly once, same global "
+              "steps. The run has not finished (or stopped): submit the training job again "
+              "with the same --name and --storage-path to resume it, then verify again")
+        return False
     print("PROOF:", f"every {unit} exactly once, same global steps" if ok else "FAILED")
     return ok
 

@@ -409,3 +409,30 @@ def test_python_m_lance_ray_help():
     for command in ("inspect", "plan", "status", "merge"):
         assert command in done.stdout
     assert done.stdout.startswith("usage: python -m lance_ray")
+
+
+def test_traceback_goes_after_the_command_too(capsys, tmp_path):
+    from lance_ray.cli.main import build_parser
+
+    parser = build_parser()
+    for argv in (["--traceback", "inspect", "x"], ["inspect", "x", "--traceback"]):
+        assert parser.parse_args(argv).traceback
+    assert not parser.parse_args(["inspect", "x"]).traceback
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    # `... | head -1`: the reader closes the pipe after one line, and far more follows.
+    splits = 20_000
+    ident = PlanIdentity(num_splits=splits, shuffle_seed=1, epoch=0, split_len=5,
+                         table_version=2, plan_fingerprint="f" * 16, shuffle=True,
+                         shuffle_clump_size=None, filter=None)
+    path = tmp_path / "wide.json"
+    save_state(path, make_state(ident, [1] * splits, [1] * splits, world_size=1, rank=None,
+                                global_step=1))
+    cli = subprocess.Popen([sys.executable, "-m", "lance_ray", "inspect", str(path), "--all"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.run(["head", "-n", "1"], stdin=cli.stdout, capture_output=True)
+    assert cli.stdout is not None and cli.stderr is not None
+    cli.stdout.close()
+    err = cli.stderr.read().decode()
+    assert cli.wait(timeout=120) == 0 and head.stdout and "Broken pipe" not in err, err

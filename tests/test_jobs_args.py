@@ -41,13 +41,20 @@ def usage_error(capsys, main, argv) -> str:
 
 # --- worker resources -------------------------------------------------------------------
 
-@pytest.mark.parametrize("resources, want", [({"CPU": 2.0}, {"CPU": 0.5}),
+@pytest.mark.parametrize("resources, want", [({"CPU": 4.0}, {"CPU": 0.5}),
                                              ({"CPU": 2.0, "slot": 4.0}, {"slot": 1}),
                                              ({"slot": 8.0}, {"slot": 1})])
 def test_workers_ask_for_slots_or_cpus_on_a_cluster_without_slots(monkeypatch, resources,
                                                                   want):
     monkeypatch.setattr(train_job.ray, "cluster_resources", lambda: resources)
     assert train_job.worker_resources(4) == want
+
+
+def test_train_workers_that_would_leave_no_cpu_for_the_reads_are_refused(monkeypatch):
+    # A local cluster of no worker nodes: its head's CPU, and no train slots.
+    monkeypatch.setattr(train_job.ray, "cluster_resources", lambda: {"CPU": 1.0})
+    with pytest.raises(SystemExit, match="leave no CPU for the reads.*resize 1"):
+        train_job.worker_resources(2)
 
 
 def test_a_cluster_with_too_few_slots_is_refused_not_run_on_cpus_that_starve_reads(
@@ -274,3 +281,8 @@ def test_the_docs_train_commands_are_valid_and_one_name_keeps_one_plan():
             a.add_argument("--name", default="demo-run")
             got, _ = a.parse_known_args(argv)
             assert got.name in names.get((page, got.storage_path), set()), (page, argv, names)
+
+
+@pytest.mark.parametrize("flag", ["--step-delay", "--resize-interval"])
+def test_train_refuses_negative_seconds(capsys, flag):
+    assert "must be 0 or a positive number" in usage_error(capsys, train_job.main, [flag, "-1"])

@@ -131,3 +131,25 @@ def test_the_mixture_proof_drops_a_cut_last_line_and_refuses_steps_trained_again
     with pytest.raises(ValueError, match=r"resumed from global step 2 but trained steps "
                                          r"\[2\]"):
         train_mixture.proof(workdir, versions, 4)
+
+
+def test_verify_tells_a_run_that_has_not_finished_from_a_wrong_one(tmp_path, monkeypatch,
+                                                                  capsys):
+    from jobs import verify
+    from lance_ray.storage import write_json_atomic
+
+    samples = tmp_path / "run" / "samples"
+    log_attempt(samples, Attempt("a0", 0, 1, 1.0), {1: [1], 2: [2]}, [2])
+    log_attempt(samples, Attempt("a1", 2, 1, 2.0), {}, [])  # restarted, died at once
+    write_json_atomic(tmp_path / "run" / "run.json", {"rows": 4})
+    monkeypatch.setattr(verify, "uninterrupted_steps", lambda run: [[1], [2], [3], [4]])
+    with pytest.raises(SystemExit) as done:
+        verify.main(["--storage-path", str(tmp_path), "--name", "run"])
+    out = capsys.readouterr().out
+    assert done.value.code == 1 and "attempt 1: 1 worker(s), resumed from step 2, logged no " \
+                                    "step" in out
+    assert "PROOF: INCOMPLETE: the saved model reached global step 2 of 4" in out
+    log_attempt(samples, Attempt("a2", 2, 1, 3.0), {3: [4], 4: [3]}, [4])  # steps swapped
+    with pytest.raises(SystemExit):
+        verify.main(["--storage-path", str(tmp_path), "--name", "run"])
+    assert capsys.readouterr().out.splitlines()[-1] == "PROOF: FAILED"

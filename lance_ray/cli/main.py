@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -27,6 +28,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The argument parser of the CLI."""
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    # Also after the command; SUPPRESS: a subcommand never resets it when given before.
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an unexpected error")
     parser = Parser(prog=prog, description="Inspect lance_ray checkpoints and plans, watch "
                      "a running coordinator, merge per-rank states.")
     parser.add_argument("--traceback", action="store_true",
@@ -109,6 +113,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
         return func(args)
     except CliError as e:
         return _fail(prog, e)
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return EXIT_OK
     except OSError as e:
         where = f" {e.filename!r}" if getattr(e, "filename", None) else ""
         return _fail(prog, f"{e.strerror or e}{':' + where if where else ''}")

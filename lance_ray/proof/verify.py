@@ -19,6 +19,7 @@ class CoverageReport:
     unexpected: int
     steps_compared: int = 0
     steps_matching: int = 0
+    steps_trained: int = 0  # global steps observed (fewer than compared: a run not over)
 
     @property
     def exactly_once(self) -> bool:
@@ -56,4 +57,4 @@ def compare_steps(report: CoverageReport, reference: Sequence[Iterable[int]],
     """Add how many global steps hold the same samples (as multisets) as the reference's."""
     matching = sum(Counter(a) == Counter(b) for a, b in zip(reference, observed))
     return replace(report, steps_compared=max(len(reference), len(observed)),
-                   steps_matching=matching)
+                   steps_matching=matching, steps_trained=len(observed))
