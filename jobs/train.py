@@ -85,10 +85,8 @@ def train_loop(config: dict[str, Any]) -> None:
     loss = torch.tensor(0.0)
     for batch in ds.iter_batches(config["global_batch"] // world_size):
         step = ds.global_step
-        loss = torch.nn.functional.cross_entropy(ddp(batch["v"]), batch["label"])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = optimizer_step(opt, torch.nn.functional.cross_entropy(ddp(batch["v"]),
+                                                                      batch["label"]))
         trained += 1
         if config["step_delay_s"]:
             time.sleep(config["step_delay_s"])  # stands in for a real model's compute
@@ -114,6 +112,14 @@ def train_loop(config: dict[str, Any]) -> None:
             if rank == 0:
                 log.checkpoint(ds.global_step)
     log.close()
+
+
+def optimizer_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """One step of ``opt`` down ``loss``'s gradient; returns ``loss``."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
 
 
 def crash_once(config: dict[str, Any], step: int, rank: int, world_size: int) -> None:

@@ -96,10 +96,8 @@ def train_loop(config: dict[str, Any]) -> None:
     loss = torch.tensor(0.0)
     for batch in view.iter_batches():
         step = view.global_step
-        loss = lm_loss(ddp, batch["input_ids"], batch["doc_ids"], spec.pad_id)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = train_job.optimizer_step(
+            opt, lm_loss(ddp, batch["input_ids"], batch["doc_ids"], spec.pad_id))
         trained += 1
         log.write(step, block_ids(batch))
         train_job.crash_once(config, step, rank, world_size)

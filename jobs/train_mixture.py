@@ -42,7 +42,7 @@ from ray.train.torch import TorchTrainer
 import lance_ray
 import lance_ray.train as lt
 from jobs.args import check_run_sizes, positive_int
-from jobs.train import shared_attempt_id, worker_resources
+from jobs.train import crash_once, optimizer_step, shared_attempt_id, worker_resources
 from lance_ray.proof.audit import Attempt, SampleLog, lineage, read_attempts
 
 logger = logging.getLogger("train_mixture")
@@ -100,18 +100,11 @@ def train_loop(config: dict[str, Any]) -> None:
     loss = torch.tensor(0.0)
     for batch in ds.iter_batches(config["global_batch"] // world_size):
         step = ds.global_step
-        loss = torch.nn.functional.cross_entropy(ddp(batch["x"]), batch["label"])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = optimizer_step(opt, torch.nn.functional.cross_entropy(ddp(batch["x"]),
+                                                                      batch["label"]))
         trained += 1
         log.write(step, [list(p) for p in zip(batch["source"].tolist(), batch["id"].tolist())])
-        if step == config["crash_at_step"] and rank == world_size - 1:
-            marker = Path(config["log_dir"]) / "crash-injected"
-            if not marker.exists():
-                marker.write_text("")
-                logger.warning("rank %d: injected crash at global step %d", rank, step)
-                os._exit(1)
+        crash_once(config, step, rank, world_size)
         if step % config["checkpoint_every"] == 0 or step == config["stop_at_step"]:
             lt.report({"loss": loss.item()}, ds,
                       model_state={"model": model.state_dict(), "step": trained})
