@@ -10,10 +10,16 @@
 #   cluster/local.sh address      the dashboard address for `ray job submit --address`
 #   cluster/local.sh stop         stop every node this script started (by recorded pids)
 #
-# Each recorded pid is kept with its start time, and `stop` signals a pid only while it is
-# still the process recorded (never one that reused its number). The head's Ray client
-# server (`--ray-client-server-port`) is recorded with the head. A `start` that fails stops
-# what it started.
+# A node's Ray temp dir holds its Unix sockets, whose paths may not exceed 107 bytes: it is
+# a short dir of its own (`mktemp -d /tmp/lrc.XXXXXX`, named in <cluster dir>/<node>.dir),
+# not one under the cluster dir, which may lie deep in a checkout. `stop` moves the node's
+# logs to <cluster dir>/logs/<node> and removes the temp dir.
+#
+# `start` refuses ports that are in use (a second cluster on the same ports would join or
+# fight the first). Each recorded pid is kept with its start time, and `stop` signals a pid
+# only while it is still the process recorded (never one that reused its number), and only
+# Ray's own processes of the node: never another program that names its temp dir. A
+# `start` that fails stops what it started.
 #
 # Settings (environment): LANCE_RAY_CLUSTER_DIR (default runs/cluster), RAY_PORT (6390),
 # DASHBOARD_PORT (8275), AGENT_PORT (52400; node i uses AGENT_PORT+i), CLIENT_PORT (10001),
@@ -31,43 +37,70 @@ CLIENT_PORT=${CLIENT_PORT:-10001}
 NODE_CPUS=${NODE_CPUS:-1}
 NODE_SLOTS=${NODE_SLOTS:-2}
 RAY=${RAY:-ray}
+TMP_PREFIX=/tmp/lrc.  # the nodes' temp dirs: short, whatever the checkout's path
 # One auth mode everywhere: a worker node that disagrees with the head never joins.
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 export RAY_USAGE_STATS_ENABLED=0
 
 die() { echo "cluster/local.sh: $*" >&2; exit 2; }
 
-# Every process a node starts has the node's temp dir on its command line, or descends
-# from one that has (agents and task workers rename themselves "ray::...").
+# A node's processes: Ray's programs that name the node's temp dir on their command line,
+# and their descendants (agents and task workers rename themselves "ray::..."). Ray's
+# programs only: a user's `tail -f <temp dir>/session_latest/logs/raylet.out` names it too.
 node_pids() {
   local p
-  for p in $(pgrep -f -- "$1(/|[[:space:]]|\$)" || true); do tree "$p"; done
+  for p in $(pgrep -f -- "$1(/|[[:space:]]|\$)" || true); do
+    if is_ray "$p"; then tree "$p"; fi
+  done
 }
+# Ray's programs: a binary of the ray package (gcs_server, raylet), or Python running one of
+# its scripts (the dashboard, the monitors, a worker before it renames itself).
+RAY_PROGRAM='^([^ ]*/ray/core/src/ray/[^ ]*|[^ ]*python[^ ]*( -[^ ]+)* [^ ]*/ray/[^ ]*\.py)( |$)'
+is_ray() { [[ $(ps -o args= -p "$1" 2>/dev/null) =~ $RAY_PROGRAM ]]; }
 tree() {  # pid $1 and its descendants, one a line
   local c
   echo "$1"
   for c in $(pgrep -P "$1" || true); do tree "$c"; done
 }
 
-# The head's Ray client server: `ray start` leaves it running on its own (neither the temp
-# dir on its command line nor a recorded parent), so match exactly this cluster's ports.
+# The head's Ray client server names neither the temp dir nor a parent that lives on
+# (`ray start` exits), but it names the head's node id, which the head's GCS wrote into the
+# temp dir (session_latest/gcs_server_port_<node id>) before the client server started:
+# it is this head's, never another cluster's.
 client_server_pids() {
-  pgrep -f -- "ray\.util\.client\.server .*--address=[^ ]*:$RAY_PORT .*--port=$CLIENT_PORT( |\$)" \
-    || true
+  local f
+  for f in "$1"/session_latest/gcs_server_port_*; do
+    if [ -e "$f" ]; then
+      pgrep -f -- "ray\.util\.client\.server .*--node-id=${f##*_port_}( |\$)" || true
+    fi
+  done
+}
+
+# Whether TCP port $1 is free for a server: bind it as one would (SO_REUSEADDR: the
+# TIME_WAIT of a closed connection does not block a server, a listening socket does).
+port_free() {
+  python3 -c 'import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", int(sys.argv[1])))' "$1" 2>/dev/null
+}
+require_free() {  # refuse port $1 (the setting $2) while something else holds it
+  port_free "$1" || die "port $1 ($2) is in use, by another Ray cluster? Stop that, or set" \
+    "${2%%+*}=<a free port> for every cluster/local.sh command"
 }
 
 started() {  # the start time of pid $1 (one word; empty once it is gone)
   ps -o lstart= -p "$1" 2>/dev/null | tr -s ' ' '_' || true
 }
 
-record() {  # record node $1: its temp dir $2, and each pid it has now (and $3...) with its start time
+record() {  # record node $1: its temp dir $2, and each process it has now with its start time
   local name=$1 dir=$2 p s
-  shift 2
   echo "$dir" > "$DIR/$name.dir"
-  { node_pids "$dir"; for p in "$@"; do tree "$p"; done; } | sort -un | while read -r p; do
-    s=$(started "$p")
-    if [ -n "$s" ]; then echo "$p $s"; fi
-  done > "$DIR/$name.pids"
+  { node_pids "$dir"; for p in $(client_server_pids "$dir"); do tree "$p"; done; } |
+    sort -un | while read -r p; do
+      s=$(started "$p")
+      if [ -n "$s" ]; then echo "$p $s"; fi
+    done > "$DIR/$name.pids"
   echo "$name: $(wc -l < "$DIR/$name.pids" | tr -d ' ') processes ($dir)"
 }
 
@@ -87,14 +120,15 @@ stop_node() {  # SIGTERM node $1's processes, SIGKILL what is left after a grace
   [ -f "$f" ] || return 0
   dir=$(cat "$DIR/$1.dir" 2>/dev/null || true)
   # The recorded pids that are still the processes recorded, their descendants, and the
-  # processes the node started since (its task workers: they name its temp dir).
+  # Ray processes the node started since.
   read -ra pids <<< "$( { recorded_alive "$f" | while read -r p; do tree "$p"; done
                          if [ -n "$dir" ]; then node_pids "$dir"; fi; } | sort -un | tr '\n' ' ')"
   if [ "${#pids[@]}" -gt 0 ]; then
     kill "${pids[@]}" 2>/dev/null || true
     alive=
-    for _ in $(seq 20); do
-      alive=$(ps -o pid= -p "$(IFS=,; echo "${pids[*]}")" 2>/dev/null | tr -s ' \n' ' ' || true)
+    for _ in $(seq 20); do  # (a zombie is gone: it only waits for its parent to reap it)
+      alive=$(ps -o pid=,stat= -p "$(IFS=,; echo "${pids[*]}")" 2>/dev/null |
+              awk '$2 !~ /^Z/ { printf "%s ", $1 }' || true)
       if [ -z "${alive// /}" ]; then alive=; break; fi
       sleep 0.5
     done
@@ -102,6 +136,16 @@ stop_node() {  # SIGTERM node $1's processes, SIGKILL what is left after a grace
       read -ra pids <<< "$alive"
       kill -9 "${pids[@]}" 2>/dev/null || true
     fi
+  fi
+  # Keep the node's logs (the last run's) in the cluster dir; the rest of a temp dir this
+  # script made goes (one an older local.sh made under the cluster dir stays).
+  if [[ $dir == "$TMP_PREFIX"* ]] && [ -d "$dir" ]; then
+    if [ -d "$dir/session_latest/logs" ]; then
+      mkdir -p "$DIR/logs"
+      rm -rf "${DIR:?}/logs/$1"
+      mv "$dir/session_latest/logs" "$DIR/logs/$1"
+    fi
+    rm -rf "$dir"
   fi
   rm -f "$f" "$DIR/$1.dir"
   echo "stopped $1"
@@ -121,9 +165,10 @@ stop_all() {
 }
 
 add_worker() {
-  local i=1
+  local i=1 tmp
   while [ -f "$DIR/worker-$i.pids" ]; do i=$((i + 1)); done
-  local tmp="$DIR/tmp-w$i"
+  require_free $((AGENT_PORT + i)) "AGENT_PORT+$i"
+  tmp=$(mktemp -d "${TMP_PREFIX}XXXXXX")
   if ! "$RAY" start --address="127.0.0.1:$RAY_PORT" --num-cpus="$NODE_CPUS" \
       --resources="{\"slot\": $NODE_SLOTS}" --temp-dir="$tmp" --disable-usage-stats \
       --dashboard-agent-listen-port=$((AGENT_PORT + i)) >/dev/null; then
@@ -152,14 +197,21 @@ case "$cmd" in
     n=${2:-1}
     count start "$n"
     if [ -f "$DIR/head.pids" ]; then die "already running (cluster/local.sh stop first)"; fi
+    # Every port this start binds, before anything starts: on a port another cluster holds,
+    # `ray start` would join or fail against that cluster.
+    require_free "$RAY_PORT" RAY_PORT
+    require_free "$DASHBOARD_PORT" DASHBOARD_PORT
+    require_free "$CLIENT_PORT" CLIENT_PORT
+    require_free "$AGENT_PORT" AGENT_PORT
+    for i in $(seq "$n"); do require_free $((AGENT_PORT + i)) "AGENT_PORT+$i"; done
     trap 'echo "start failed: stopping the nodes it started" >&2; stop_all >&2' EXIT
+    tmp=$(mktemp -d "${TMP_PREFIX}XXXXXX")
     ok=1
     "$RAY" start --head --port="$RAY_PORT" --num-cpus="$NODE_CPUS" --resources='{"slot": 0}' \
-      --temp-dir="$DIR/tmp-head" --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" \
+      --temp-dir="$tmp" --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" \
       --include-dashboard=true --disable-usage-stats --dashboard-agent-listen-port="$AGENT_PORT" \
       --ray-client-server-port="$CLIENT_PORT" >/dev/null || ok=
-    # shellcheck disable=SC2046  # one argument a pid
-    record head "$DIR/tmp-head" $(client_server_pids)
+    record head "$tmp"
     [ -n "$ok" ] || exit 1
     for _ in $(seq "$n"); do add_worker; done
     trap - EXIT
@@ -173,7 +225,7 @@ case "$cmd" in
     while [ "$have" -lt "$want" ]; do add_worker; have=$((have + 1)); done
     while [ "$have" -gt "$want" ]; do stop_node "$(workers | tail -1)"; have=$((have - 1)); done
     ;;
-  status) "$RAY" status --address="127.0.0.1:$RAY_PORT" ;;
+  status) require_head; "$RAY" status --address="127.0.0.1:$RAY_PORT" ;;
   address) echo "http://127.0.0.1:$DASHBOARD_PORT" ;;
   stop) stop_all ;;
   *) awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 2 ;;

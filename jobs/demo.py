@@ -39,7 +39,12 @@ S3_BUCKET = "lance-ray-demo"
 def run(cmd: list[str], env: dict[str, str], *, title: str) -> None:
     print(f"\n=== {title}\n$ {' '.join(cmd)}", flush=True)
     started = time.monotonic()
-    subprocess.run(cmd, check=True, env=env, cwd=REPO)
+    try:
+        subprocess.run(cmd, check=True, env=env, cwd=REPO)
+    except subprocess.CalledProcessError as e:
+        # One line, printed after the cleanup in main()'s `finally` (SystemExit's message
+        # is printed as the interpreter exits); the step's own output says why.
+        sys.exit(f"demo: step '{title}' failed (exit status {e.returncode})")
     print(f"=== done in {time.monotonic() - started:.0f}s", flush=True)
 
 
