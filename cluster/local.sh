@@ -85,6 +85,12 @@ s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("", int(sys.argv[1])))' "$1" 2>/dev/null
 }
 require_free() {  # refuse port $1 (the setting $2) while something else holds it
+  # Ray keeps 10002-19999 for its workers' ports (`ray start --min/max-worker-port`), and
+  # refuses to start a component on one of them.
+  if [ "$1" -ge 10002 ] && [ "$1" -le 19999 ]; then
+    die "port $1 ($2) is in Ray's range of worker ports (10002-19999): set ${2%%+*} to a" \
+      "port outside it"
+  fi
   port_free "$1" || die "port $1 ($2) is in use, by another Ray cluster? Stop that, or set" \
     "${2%%+*}=<a free port> for every cluster/local.sh command"
 }

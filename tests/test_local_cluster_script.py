@@ -217,3 +217,12 @@ def test_the_demo_names_a_failed_step_in_one_line() -> None:
             title="start a local cluster")
     assert e.value.code == "demo: step 'start a local cluster' failed (exit status 3)"
 
+
+
+def test_a_port_in_rays_worker_port_range_is_refused(clusters: Clusters, tmp_path: Path) -> None:
+    # Ray keeps 10002-19999 for its workers and refuses a component there, with a traceback.
+    r = clusters.run(clusters.env(tmp_path / "c", CLIENT_PORT="10201"), "start", "1")
+    assert r.returncode == 2 and r.stderr == (
+        "cluster/local.sh: port 10201 (CLIENT_PORT) is in Ray's range of worker ports "
+        "(10002-19999): set CLIENT_PORT to a port outside it\n"), r.stderr
+    assert not list((tmp_path / "c").glob("*.pids"))
