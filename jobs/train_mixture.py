@@ -211,6 +211,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         check_run_sizes(workers, args.num_splits, args.global_batch, workers_from=flag)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(args.workdir).resolve()
+    mine = workdir / ".train_mixture"  # this job made the directory: its to clean
+    if workdir.is_dir() and any(workdir.iterdir()) and not mine.exists():
+        raise SystemExit(f"--workdir {workdir} holds files of something else; this job starts "
+                         "afresh in its workdir (it deletes its db, samples, storage and "
+                         "coordinator there): pass a new or empty directory")
+    workdir.mkdir(parents=True, exist_ok=True)
+    mine.touch()
     for stale in ("db", "samples", "storage", "coordinator"):
         # Each run proves itself: an earlier run's tables, logs and checkpoints would be
         # resumed instead (and its crash marker, in samples/, skip this run's crash).

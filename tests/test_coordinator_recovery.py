@@ -69,7 +69,33 @@ def test_a_restore_that_changes_the_progress_stops_the_views_before_it(coord_fac
         step_views(old, 1)  # its reports would seal steps of the abandoned progress
     resumed = step_views(local_views(coord, 2))
     assert [sorted(s) for s in resumed] == [sorted(s) for s in uninterrupted(table_1k)[4:]]
-    coord.load_state_dict(coord.state_dict())  # the same progress again: no new generation
+
+
+def test_a_restarted_group_is_not_disturbed_by_the_dead_groups_late_reports(coord_factory,
+                                                                            table_1k):
+    # Every rank of a restarted group restores the checkpoint and attaches, one after the
+    # other; the dead group's views may still send steps past it (their buffered reports go
+    # out late, by design). The first restore begins a new generation even though the
+    # ledger already starts from the checkpoint: those reports are refused, the checkpoint's
+    # progress stays, and the second rank's restore leaves the first rank's view alone.
+    coord = coord_factory("late_reports", report_policy=ReportPolicy(every_batches=50,
+                                                                     every_s=1.0))
+    dead = local_views(coord, 2)
+    step_views(dead, 3)
+    wait_sealed(coord, 3)  # sent by the ticker within a second
+    checkpoint = coord.state_dict()
+    step_views(dead, 2)  # steps 4 and 5, buffered: sent a second later, after the restore
+    coord.load_state_dict(checkpoint)  # rank 0's
+    rank0 = coord.view(0, 2, reader="local", read_batch_size=64).iter_batches(GLOBAL_BATCH // 2)
+    first = next(rank0)["id"].tolist()
+    del dead
+    time.sleep(2.0)  # the ticker sends the dead views' steps 4 and 5: refused
+    assert coord.status()["sealed_step"] == 3
+    coord.load_state_dict(checkpoint)  # rank 1's: the same restore again
+    rank1 = coord.view(1, 2, reader="local", read_batch_size=64).iter_batches(GLOBAL_BATCH // 2)
+    rest = [i for it in (rank0, rank1) for b in it for i in b["id"].tolist()]
+    got = sorted(first + rest)
+    assert got == sorted(i for s in uninterrupted(table_1k)[3:] for i in s)
 
 
 def test_refused_states_and_epochs_change_nothing(coord_factory):
@@ -132,3 +158,23 @@ def test_a_run_with_a_drawn_seed_is_resumed_by_passing_that_seed(coord_factory):
     with pytest.raises(ValueError, match=f"pass shuffle_seed={seed} to resume that run"):
         coord_factory("drawn_seed", shuffle_seed=None)  # a new job
     assert coord_factory("drawn_seed", shuffle_seed=seed).status()["sealed_step"] == 0
+
+
+def test_a_ledger_is_resumed_when_the_tables_commit_cannot_be_read_now():
+    from lance_ray.coordinator.run_file import COMMIT_KEY, check_saved_config
+
+    saved = {"uri": "db/t.lance", "spec": {"num_splits": 4}, COMMIT_KEY: "abc"}
+    check_saved_config(saved, {k: v for k, v in saved.items() if k != COMMIT_KEY}, "p", "n")
+    check_saved_config({k: v for k, v in saved.items() if k != COMMIT_KEY}, saved, "p", "n")
+    with pytest.raises(ValueError, match="dropped and created again"):
+        check_saved_config(saved, {**saved, COMMIT_KEY: "def"}, "p", "n")
+
+
+def test_a_mixture_views_link_keeps_the_coordinators_incarnation_when_pickled():
+    import pickle
+
+    from lance_ray.view.mix_attach import MixtureLink
+
+    link = MixtureLink(("mix", "ns"), None, ReportPolicy())  # type: ignore[arg-type]
+    link._incarnation = "a"
+    assert pickle.loads(pickle.dumps(link))._incarnation == "a"

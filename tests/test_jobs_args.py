@@ -286,3 +286,10 @@ def test_the_docs_train_commands_are_valid_and_one_name_keeps_one_plan():
 @pytest.mark.parametrize("flag", ["--step-delay", "--resize-interval"])
 def test_train_refuses_negative_seconds(capsys, flag):
     assert "must be 0 or a positive number" in usage_error(capsys, train_job.main, [flag, "-1"])
+
+
+def test_train_mixture_refuses_a_workdir_of_something_else(tmp_path, no_ray):
+    (tmp_path / "db").mkdir()  # e.g. runs/demo: another job's table and checkpoints
+    with pytest.raises(SystemExit, match="holds files of something else"):
+        train_mixture.main(["--workdir", str(tmp_path)])
+    assert (tmp_path / "db").is_dir()

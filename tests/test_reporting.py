@@ -208,7 +208,7 @@ def test_reports_since_the_last_confirmed_checkpoint_are_sent_again_and_no_older
     for step in range(1, 9):
         add(reporter, step)
     reporter.flush(wait=True)
-    reporter.confirm()  # durable: nothing to send again
+    reporter.confirm(reporter.sent)  # durable: nothing to send again
     for step in range(9, 15):
         add(reporter, step)
     reporter.flush(wait=True)
@@ -222,3 +222,16 @@ def test_reports_since_the_last_confirmed_checkpoint_are_sent_again_and_no_older
     reporter.resend()
     again = [s for b in channel.sent[sent:] for s in b.steps]
     assert len(again) <= PENDING_WINDOW and again[-1] == 14 + 3 * PENDING_WINDOW
+
+
+def test_a_report_sent_while_a_checkpoint_was_written_stays_to_send_again():
+    # confirm() forgets only the reports the durable write held: those sent before it.
+    channel = Recorder()
+    reporter = Reporter(channel, ReportPolicy(every_batches=1, every_s=60), Clock())
+    add(reporter, 1)
+    held = reporter.sent  # the checkpoint asks for a durable write now ...
+    add(reporter, 2)  # ... and another thread reports meanwhile
+    reporter.confirm(held)
+    sent = len(channel.sent)
+    reporter.resend()
+    assert [s for b in channel.sent[sent:] for s in b.steps] == [2]

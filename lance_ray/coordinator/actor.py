@@ -88,6 +88,7 @@ class CoordinatorActor:
         self._views_live = False
         self._generation_file = file_name(actor_id())
         self._incarnation = uuid.uuid4().hex  # a new one at each (re)start of the actor
+        self._restored_to: lg.Sealed | None = None  # the progress the last restore set
         self._ledger = self._recover() or lg.Ledger(self._spec.num_splits, world_size,
                                                     self._spec.epoch,
                                                     packed=self._packed is not None)
@@ -96,14 +97,11 @@ class CoordinatorActor:
     # ----------------------------------------------------------------- durability
 
     def _config(self) -> dict[str, Any]:
-        return run_config(self._table, self._spec,
-                          None if self._packed is None else self._packed.options, self._commit)
+        return run_config(self._table, self._spec, self.packing(), self._commit)
 
     def identity(self) -> dict[str, Any]:
         """What ``Coordinator.create`` must ask for to attach to this live actor."""
-        return run_identity(self._table, self._spec,
-                            None if self._packed is None else self._packed.options,
-                            self._commit)
+        return run_identity(self._table, self._spec, self.packing(), self._commit)
 
     def _recover(self) -> lg.Ledger | None:
         if not storage.exists(self._path, **self._io):
@@ -252,6 +250,7 @@ class CoordinatorActor:
         newest step it sealed, if any."""
         rank, epoch, steps, samples = batch.rank, batch.epoch, batch.steps, batch.samples
         with self._lock:
+            lg.check_generation(self._ledger, batch, self._generation)
             sealed = lg.record_batch(self._ledger, batch)
             self._recorded += 1
             self._views_live = True
@@ -278,8 +277,7 @@ class CoordinatorActor:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make ``state`` (a merged checkpoint of this plan) the starting point of all views.
-        Views attached before a restore that changed the progress stop at their next batch,
-        as after a resize: their reports would seal steps of the abandoned progress."""
+        Views attached before it stop at their next batch, as after a resize (see _restore)."""
         with self._lock:
             sealed = self._restored(state)
             changed = self._restore(sealed)
@@ -301,8 +299,7 @@ class CoordinatorActor:
                 self._save_base()
             return sealed
         st.parse_state(state)  # its structure, and a valid epoch, before the plan is built
-        epoch = state["epoch"]
-        progress = st.parse_state(state, self._plan(epoch).split_len)
+        progress = st.parse_state(state, self._plan(epoch := state["epoch"]).split_len)
         st.check_compatible(state, self._identity(epoch))
         if not progress.is_complete:
             raise ValueError("the coordinator needs a merged state covering every split; "
@@ -325,17 +322,20 @@ class CoordinatorActor:
         self._packed.base_file = name
 
     def _restore(self, sealed: lg.Sealed) -> bool:
-        """Start from ``sealed``; whether that changed the progress (then the views before
-        it are stale: a new generation)."""
+        """Start from ``sealed``; whether that began a generation (views attached before
+        are stale): a first restore does, even to the ledger's own progress (a dead group's
+        views may report past it), not the same again with nothing sealed since (each rank)."""
         changed = lg.restore(self._ledger, sealed)
         if changed:
             self._history.restart(sealed)
-            self._generation += 1
+        new = changed or self._restored_to != lg.progress_key(sealed)
+        self._generation += new
+        self._restored_to = lg.progress_key(sealed)
         self._built = None  # a packed state's buffers also depend on the restored base
         self._rank_progress.clear()  # the views before the restore are gone
         self._views_live = False
         self._persist(durable=True)
-        return changed
+        return new
 
     def initial_state(self) -> dict[str, Any]:
         """Zero progress at the epoch the coordinator was created for."""

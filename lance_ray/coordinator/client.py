@@ -145,6 +145,7 @@ class CoordinatorPlans:
             assert self.address is not None, "a CoordinatorPlans has a handle or an address"
             self._handle = find_in_process(self.address, "its plan or progress")
             self._reporter = Reporter(_ActorChannel(self._handle), self.policy)
+            self._reporter.generation = None if self._watch is None else self._watch.generation
         return self._handle
 
     @classmethod
@@ -170,6 +171,7 @@ class CoordinatorPlans:
         node = ray.get_runtime_context().get_node_id()
         state, generation, name, self._incarnation = ray.get(
             self.handle.attach.remote(topology, node))
+        self._reporter.generation = generation  # its reports name it (see report_batch)
         publish(name, generation)  # never lowers it: a resize since attach stays visible
         self._watch = GenerationWatch(name, generation)
         self._world_size = topology.world_size
@@ -206,6 +208,7 @@ class CoordinatorPlans:
         self._reporter.flush(wait=wait)
         if not wait:
             return
+        sent = self._reporter.sent  # what the write below holds (all acknowledged)
         while True:
             incarnation = _ray().get(self._handle.persist_recorded.remote())
             if incarnation == self._incarnation or self._incarnation is None:
@@ -217,7 +220,7 @@ class CoordinatorPlans:
             self._incarnation = incarnation
             self._reporter.resend()
         self._incarnation = incarnation
-        self._reporter.confirm()
+        self._reporter.confirm(sent)
 
     def set_epoch(self, epoch: int) -> None:
         self.check_current()  # a stale view never moves the live views' epoch
@@ -236,3 +239,4 @@ class CoordinatorPlans:
                       state.get("address"))
         self._watch, self._world_size = state.get("watch"), state.get("world_size")
         self._incarnation = state.get("incarnation")
+        self._reporter.generation = None if self._watch is None else self._watch.generation

@@ -45,9 +45,11 @@ def run_identity(table: TableRef, spec: PlanSpec, packing: PackOptions | None,
 def check_saved_config(saved: dict[str, Any], config: dict[str, Any], path: str,
                        name: str) -> None:
     """Raise unless the ledger ``saved`` at ``path`` is coordinator ``name``'s of the run
-    ``config``. A ledger written before commits were recorded matches on the rest."""
+    ``config``. Where either commit is unknown (a ledger written before commits were
+    recorded; a table whose commit cannot be read now) the rest must match."""
     theirs = dict(saved)
-    if COMMIT_KEY not in theirs:
+    if COMMIT_KEY not in theirs or COMMIT_KEY not in config:
+        theirs.pop(COMMIT_KEY, None)
         config = {k: v for k, v in config.items() if k != COMMIT_KEY}
     if theirs == config:
         return

@@ -72,6 +72,9 @@ class ReportBatch:
     positions: Sequence[Sequence[int]]
     blocks: Sequence[Sequence[int]] = ()
     buffered: Sequence[Sequence[int]] = ()
+    # The coordinator generation the sending view attached to (None: not known): a report
+    # of an older one comes from a view that a resize or restore made stale.
+    generation: int | None = field(default=None, kw_only=True)
 
     @classmethod
     def of(cls, report: RankReport) -> ReportBatch:
@@ -191,6 +194,18 @@ def record_batch(ledger: Ledger, batch: ReportBatch) -> list[Sealed]:
             newly.append(_seal(ledger, step))
             floor = step
     return newly
+
+
+def check_generation(ledger: Ledger, batch: ReportBatch, generation: int) -> None:
+    """Refuse ``batch`` from a view of another ``generation`` of the coordinator at the
+    ledger's world size: a checkpoint was restored since that view attached, and its reports
+    would seal steps of the abandoned progress (a view of another world size is refused by
+    :func:`record_batch`)."""
+    if batch.generation not in (None, generation) and batch.world_size == ledger.world_size:
+        raise StaleReport(
+            f"report from rank {batch.rank} of a view of generation {batch.generation}, but a "
+            f"checkpoint was restored since (generation {generation}): that view is stale; "
+            "restart it from the coordinator")
 
 
 def _current(ledger: Ledger, batch: ReportBatch) -> bool:
@@ -326,10 +341,16 @@ def advance_epoch(ledger: Ledger, epoch: int) -> None:
         ledger.clear_pending()
 
 
+def progress_key(sealed: Sealed) -> Sealed:
+    """``sealed`` as progress alone: the world size it was sealed at aside (see
+    :func:`restore`)."""
+    return replace(sealed, world_size=0)
+
+
 def starts_from(ledger: Ledger, sealed: Sealed) -> bool:
     """Whether the ledger's progress starts from ``sealed`` already (the world size it was
     sealed at aside: see :func:`restore`)."""
-    return replace(ledger.start(), world_size=0) == replace(sealed, world_size=0)
+    return progress_key(ledger.start()) == progress_key(sealed)
 
 
 def restore(ledger: Ledger, sealed: Sealed) -> bool:

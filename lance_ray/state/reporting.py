@@ -114,7 +114,10 @@ class Reporter:
         self._interval = policy.interval_s(1)
         self._in_flight: deque[Any] = deque()
         self._answered: list[Any] = []  # replies whose result the caller has not seen yet
-        self._unconfirmed: deque[ReportBatch] = deque()  # sent, not known durable (resend)
+        # Sent, not known durable (to resend), each with its number among the reports sent.
+        self._unconfirmed: deque[tuple[int, ReportBatch]] = deque()
+        self._sent = 0
+        self.generation: int | None = None  # the coordinator's, when the view attached
 
     @property
     def buffered_steps(self) -> int:
@@ -157,16 +160,24 @@ class Reporter:
                 self._in_flight.clear()
             self._raise_answered()
 
-    def confirm(self) -> None:
-        """Every report sent so far is durable at the coordinator: forget them."""
+    @property
+    def sent(self) -> int:
+        """How many reports were sent so far (a mark for :meth:`confirm`)."""
+        return self._sent
+
+    def confirm(self, sent: int) -> None:
+        """The first ``sent`` reports are durable at the coordinator (those sent before it
+        was asked to make them so; one sent meanwhile by another thread may not be):
+        forget them."""
         with self._lock:
-            self._unconfirmed.clear()
+            while self._unconfirmed and self._unconfirmed[0][0] < sent:
+                self._unconfirmed.popleft()
 
     def resend(self) -> None:
         """Send every report not confirmed durable again, and wait for the coordinator to
         acknowledge them (raising the error of any it refused)."""
         with self._lock:
-            for batch in self._unconfirmed:
+            for _, batch in self._unconfirmed:
                 self._channel.result(self._channel.send(batch))
 
     def tick(self) -> bool:
@@ -198,12 +209,14 @@ class Reporter:
             self._channel.result(self._in_flight.popleft())  # waits: back-pressure
         assert self._key is not None
         rank, world_size, epoch = self._key
-        batch = ReportBatch(rank, world_size, epoch, self._steps, *self._columns)
+        batch = ReportBatch(rank, world_size, epoch, self._steps, *self._columns,
+                            generation=self.generation)
         self._in_flight.append(self._channel.send(batch))
-        self._unconfirmed.append(batch)
-        kept = sum(len(b.steps) for b in self._unconfirmed)
-        while kept - len(self._unconfirmed[0].steps) >= PENDING_WINDOW:
-            kept -= len(self._unconfirmed.popleft().steps)  # too old to seal if resent
+        self._unconfirmed.append((self._sent, batch))
+        self._sent += 1
+        kept = sum(len(b.steps) for _, b in self._unconfirmed)
+        while kept - len(self._unconfirmed[0][1].steps) >= PENDING_WINDOW:
+            kept -= len(self._unconfirmed.popleft()[1].steps)  # too old to seal if resent
         self._steps, self._columns = [], ()
 
     def _raise_answered(self) -> None:

@@ -123,12 +123,15 @@ class MixtureLink:
         self._unconfirmed.append(state)
         if wait:  # a checkpoint: recorded, and durable
             self.flush()
+            held = list(self._unconfirmed)  # what the write below holds (all recorded)
             while (incarnation := ray.get(self.handle.persist_recorded.remote())) \
                     not in (self._incarnation, None) and self._incarnation is not None:
                 self._incarnation = incarnation  # restarted since: send them again
-                ray.get([self.handle.report.remote(s) for s in self._unconfirmed])
+                ray.get([self.handle.report.remote(s) for s in held])
             self._incarnation = incarnation
-            self._unconfirmed.clear()
+            for state in held:  # (one another thread sent meanwhile stays unconfirmed)
+                if self._unconfirmed and self._unconfirmed[0] is state:
+                    self._unconfirmed.popleft()
 
     def flush(self) -> None:
         while self._in_flight:
@@ -139,10 +142,12 @@ class MixtureLink:
         _ray().get(self.handle.set_epoch.remote(epoch))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"address": self.address, "run": self.run, "policy": self.policy}
+        return {"address": self.address, "run": self.run, "policy": self.policy,
+                "incarnation": self._incarnation}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["address"], state["run"], state["policy"])  # type: ignore[misc]
+        self._incarnation = state.get("incarnation")
 
 
 class Attached(NamedTuple):
