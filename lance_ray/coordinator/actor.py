@@ -280,9 +280,9 @@ class CoordinatorActor:
         Views attached before it stop at their next batch, as after a resize (see _restore)."""
         with self._lock:
             sealed = self._restored(state)
-            changed = self._restore(sealed)
+            new_generation = self._restore(sealed)
             generation, nodes = self._generation, set(self._nodes)
-        if changed:  # outside the lock, but before returning (as resize does)
+        if new_generation:  # outside the lock, but before returning (as resize does)
             publish_on_nodes(self._generation_file, generation, nodes)
 
     def _restored(self, state: dict[str, Any]) -> lg.Sealed:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..plan.generation import GenerationWatch, publish
@@ -81,6 +81,22 @@ def constructed(handle: Any, call: Any, name: str, namespace: str) -> Any:
         if said:
             raise ValueError(said[-1].removeprefix("ValueError: ")) from None
         raise
+
+
+def make_durable(handle: Any, incarnation: str | None, resend: Callable[[], None]) -> str:
+    """Have the coordinator actor ``handle`` make every report it recorded durable; returns
+    the incarnation that did. Where that is not ``incarnation`` (the one that acknowledged
+    the caller's reports; None: unknown), Ray restarted the actor in between: it recovered
+    its last write, and reports acknowledged after that are gone, so ``resend`` sends them
+    again (recording a report twice changes nothing) and the write is asked for again."""
+    while True:
+        now: str = _ray().get(handle.persist_recorded.remote())
+        if incarnation is None or now == incarnation:
+            return now
+        logger.warning("the coordinator was restarted: sending this view's reports since its "
+                       "last checkpoint again")
+        incarnation = now
+        resend()
 
 
 def wait_name_free(name: str, namespace: str, timeout_s: float = 10.0) -> None:
@@ -209,17 +225,7 @@ class CoordinatorPlans:
         if not wait:
             return
         sent = self._reporter.sent  # what the write below holds (all acknowledged)
-        while True:
-            incarnation = _ray().get(self._handle.persist_recorded.remote())
-            if incarnation == self._incarnation or self._incarnation is None:
-                break
-            # Ray restarted the coordinator since: it recovered its last write, and reports
-            # it had acknowledged after that are gone. Send them again (idempotent).
-            logger.warning("the coordinator was restarted: sending this view's reports since "
-                           "its last checkpoint again")
-            self._incarnation = incarnation
-            self._reporter.resend()
-        self._incarnation = incarnation
+        self._incarnation = make_durable(self._handle, self._incarnation, self._reporter.resend)
         self._reporter.confirm(sent)
 
     def set_epoch(self, epoch: int) -> None:

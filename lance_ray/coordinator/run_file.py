@@ -47,22 +47,17 @@ def check_saved_config(saved: dict[str, Any], config: dict[str, Any], path: str,
     """Raise unless the ledger ``saved`` at ``path`` is coordinator ``name``'s of the run
     ``config``. Where either commit is unknown (a ledger written before commits were
     recorded; a table whose commit cannot be read now) the rest must match."""
-    theirs = dict(saved)
-    if COMMIT_KEY not in theirs or COMMIT_KEY not in config:
-        theirs.pop(COMMIT_KEY, None)
-        config = {k: v for k, v in config.items() if k != COMMIT_KEY}
-    if theirs == config:
+    differ = same_run(saved, config)
+    if not differ:
         return
-    if {k: v for k, v in theirs.items() if k != COMMIT_KEY} == \
-            {k: v for k, v in config.items() if k != COMMIT_KEY}:
+    if set(differ) == {COMMIT_KEY}:
         raise ValueError(
             f"{path} holds coordinator {name!r} of another table at the same version (the "
-            f"table was dropped and created again since: commit {theirs[COMMIT_KEY]!r}, now "
-            f"{config.get(COMMIT_KEY)!r}); its progress is not this table's: use another "
+            f"table was dropped and created again since: commit {differ[COMMIT_KEY][0]!r}, "
+            f"now {differ[COMMIT_KEY][1]!r}); its progress is not this table's: use another "
             "coordinator name or storage_path")
-    seed = theirs.get("spec", {}).get("shuffle_seed")
-    if {**theirs, "spec": {**theirs.get("spec", {}), "shuffle_seed": None}} == \
-            {**config, "spec": {**config.get("spec", {}), "shuffle_seed": None}}:
+    seed = drawn_seed(differ)
+    if seed is not None:
         raise ValueError(f"{path} holds coordinator {name!r} of the same table and plan with "
                          f"shuffle_seed={seed}: pass shuffle_seed={seed} to resume that run "
                          "(shuffle_seed=None draws a new seed at every create), or use "
@@ -78,3 +73,13 @@ def same_run(live: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any
     if COMMIT_KEY not in live or COMMIT_KEY not in asked:
         keys -= {COMMIT_KEY}
     return {k: (live.get(k), asked.get(k)) for k in keys if live.get(k) != asked.get(k)}
+
+
+def drawn_seed(differ: dict[str, tuple[Any, Any]]) -> int | None:
+    """The first side's ``shuffle_seed`` where the runs ``differ`` (:func:`same_run`'s)
+    only in it: a run created with ``shuffle_seed=None``, resumed by passing its seed."""
+    if set(differ) != {"spec"}:
+        return None
+    theirs, ours = differ["spec"]
+    seedless = {"shuffle_seed": None}
+    return theirs["shuffle_seed"] if {**theirs, **seedless} == {**ours, **seedless} else None

@@ -19,7 +19,7 @@ from ..coordinator.client import (
     find_coordinator,
     wait_name_free,
 )
-from ..coordinator.run_file import run_identity, same_run
+from ..coordinator.run_file import drawn_seed, run_identity, same_run
 from ..plan.pack_args import pack_options
 from ..plan.remote import is_remote_table
 from ..plan.resolve import resolve_plan
@@ -275,10 +275,8 @@ def _check_same_run(name: str, live: dict[str, Any], asked: dict[str, Any]) -> N
         shown = "; ".join(f"{k}: live {a!r}, asked {b!r}" for k, (a, b) in sorted(differ.items()))
         resume = (f"; to resume it, pass table_version={live['table_version']}"
                   if set(differ) == {"table_version"} else "")
-        if set(differ) == {"spec"}:
-            (theirs, ours), seedless = differ["spec"], {"shuffle_seed": None}
-            if {**theirs, **seedless} == {**ours, **seedless}:  # shuffle_seed=None draws anew
-                resume = f"; to resume it, pass shuffle_seed={theirs['shuffle_seed']}"
+        if (seed := drawn_seed(differ)) is not None:  # shuffle_seed=None draws anew
+            resume = f"; to resume it, pass shuffle_seed={seed}"
         raise ValueError(
             f"a live coordinator named {name!r} runs another run ({shown[:600]}): use another "
             f"name, or end that run first (Coordinator.get(name).kill()){resume}")

@@ -22,6 +22,7 @@ from ..coordinator.client import (
     CoordinatorPlans,
     find_coordinator,
     find_in_process,
+    make_durable,
 )
 from ..coordinator.mixture import PENDING_STEPS
 from ..plan.sources import ray_is_up
@@ -124,11 +125,9 @@ class MixtureLink:
         if wait:  # a checkpoint: recorded, and durable
             self.flush()
             held = list(self._unconfirmed)  # what the write below holds (all recorded)
-            while (incarnation := ray.get(self.handle.persist_recorded.remote())) \
-                    not in (self._incarnation, None) and self._incarnation is not None:
-                self._incarnation = incarnation  # restarted since: send them again
-                ray.get([self.handle.report.remote(s) for s in held])
-            self._incarnation = incarnation
+            self._incarnation = make_durable(
+                self.handle, self._incarnation,
+                lambda: ray.get([self.handle.report.remote(s) for s in held]))
             for state in held:  # (one another thread sent meanwhile stays unconfirmed)
                 if self._unconfirmed and self._unconfirmed[0] is state:
                     self._unconfirmed.popleft()
