@@ -408,9 +408,6 @@ def test_batches_in_host_memory_never_probe_cuda(table_factory, monkeypatch):
     (lambda: placement("cuda:0", True, cuda=False), RuntimeError, "CUDA is not available"),
     (lambda: placement("cpu", True), ValueError, "pass device='cuda'"),
     (lambda: placement(None, "yes"), TypeError, "pin_memory must be True, False or None"),
-    (lambda: loader_placement(True, "cpu"), ValueError, "pass '' \\(the current one\\)"),
-    (lambda: loader_placement(True, "mps"), ValueError, "move the batches yourself"),
-    (lambda: loader_placement(True, "gpu"), ValueError, r"must be '' or 'cuda\[:N\]'"),
     # an int is torch's cuda:N: without CUDA it says so, not that 0 is no device
     (lambda: placement(0, cuda=False), RuntimeError, "CUDA is not available"),
 ])
@@ -520,3 +517,92 @@ def test_mappings_of_any_type_are_staged_and_keep_their_type(name):
     assert out["input_ids"] is not batch["input_ids"] and stager.pool.stats.allocations == 1
     assert same(dict(out["extra"]), dict(batch["extra"]))
     assert torch.equal(out["input_ids"].cpu(), batch["input_ids"])
+
+
+# ----------------------------------------------------------------------------- torch's loader
+def test_loader_pin_arguments_mean_what_torch_makes_of_them(recwarn):
+    # Any true value pins (torch reads pin_memory as a truth value); pin_memory_device is
+    # deprecated and ignored by torch 2.13's DataLoader, with a warning, whatever it holds.
+    assert loader_placement(1, "", cuda=True) == Placement(None, True)
+    assert loader_placement(0, "cuda", cuda=True) is None
+    assert loader_placement(None, 3) is None
+    for device in ("cuda", "cpu", "mps", 3):
+        with pytest.warns(UserWarning, match="pin_memory_device is deprecated"):
+            assert loader_placement(True, device, cuda=True) == Placement(None, True)
+    assert not recwarn.list
+
+
+@pytest.mark.skipif(CUDA, reason="checks the behaviour without CUDA")
+@pytest.mark.parametrize("mixture", [False, True])
+def test_a_loader_reports_its_pin_arguments_as_given_and_torch_pins_nothing(
+        table_factory, mixture, recwarn):
+    table = table_factory(96, 2)
+    ds = lance_ray.MixtureDataset([lance_ray.Source(table, weight=1)], num_splits=4,
+                                  columns=["id"]) if mixture else \
+        lance_ray.StreamingDataset(table, **KW)
+    with pytest.warns(UserWarning, match="no accelerator"):
+        loader = lance_ray.StreamingDataLoader(ds, batch_size=32, pin_memory=1,
+                                               pin_memory_device="cuda")
+    assert (loader.pin_memory, loader.pin_memory_device) == (1, "cuda")
+    recwarn.clear()
+    assert sum(len(b["id"]) for b in loader) == 96  # torch's iterator warns no second time
+    assert not [w for w in recwarn.list if "accelerator" in str(w.message)]
+
+
+class CustomBatch:
+    """torch's docs' custom batch type: it pins itself."""
+
+    def __init__(self, items: list[Any]):
+        self.inp = torch.stack([torch.as_tensor(x) for x in items])
+        self.pinned = 0
+
+    def pin_memory(self) -> CustomBatch:
+        self.pinned += 1
+        return self
+
+
+def test_batches_are_walked_as_torchs_pin_memory_walks_them():
+    pin = Stager(pageable)  # the pinned-host path, with ordinary memory standing in
+    custom = CustomBatch([1, 2])
+    out = next(one_ahead(iter([{"c": custom, "t": torch.arange(2)}]),
+                         lambda: contextlib.nullcontext([]), pin))
+    assert out["c"] is custom and custom.pinned == 1  # its own pin_memory(), as torch calls
+    feed = Stager(pageable, SlowCopier([0.002]))
+    batch = collections.UserList([torch.arange(3), deque([torch.ones(2)])])
+    out = next(one_ahead(iter([batch]), lambda: contextlib.nullcontext([]), feed))
+    assert type(out) is collections.UserList and type(out[1]) is deque
+    assert out[0] is not batch[0] and torch.equal(out[0], batch[0])  # staged: any Sequence
+    assert feed.pool is not None and feed.pool.stats.allocations == 1
+    assert torch.equal(out[1][0], torch.ones(2))
+    for odd in (CustomBatch([1]), torch.eye(2).to_sparse()):
+        with pytest.raises(TypeError, match="pass device=None"):
+            next(one_ahead(iter([[odd]]), lambda: contextlib.nullcontext([]),
+                           Stager(pageable, SlowCopier())))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_mixture_loader_pins_its_batches_and_keeps_its_states(table_factory, monkeypatch,
+                                                               workers):
+    tables = [table_factory(64, 2), table_factory(40, 3)]
+
+    def mix() -> Any:
+        return lance_ray.MixtureDataset([lance_ray.Source(t, weight=w)
+                                         for t, w in zip(tables, (3, 1))],
+                                        num_splits=4, shuffle_seed=3, columns=["id"])
+
+    today = mix()
+    want = run(lance_ray.StreamingDataLoader(today, batch_size=8), today.state_dict)
+    pinned: set[int] = set()
+
+    def fake_pin(t: torch.Tensor) -> torch.Tensor:  # no pinned memory without CUDA
+        out = t.clone()
+        pinned.add(id(out))
+        return out
+
+    monkeypatch.setattr(placement_module, "_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    ds = mix()
+    got = run(lance_ray.StreamingDataLoader(ds, batch_size=8, pin_memory=True,
+                                            num_workers=workers), ds.state_dict)
+    assert all(id(t) in pinned for b, _ in got for t in _tensors(b))
+    assert_same_run(got, want)

@@ -23,7 +23,15 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, MutableMapping
+from collections.abc import (
+    Callable,
+    Generator,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    MutableSequence,
+    Sequence,
+)
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -97,50 +105,82 @@ class CudaCopier:
 
 
 # ----------------------------------------------------------------------------- batch shapes
-def leaves(batch: Any) -> list[torch.Tensor]:
-    """The CPU tensors of a batch (nested mappings, lists and tuples, as torch's
-    ``pin_memory`` walks them), in a fixed traversal order."""
-    out: list[torch.Tensor] = []
-
-    def visit(x: Any) -> None:
+def walk(batch: Any, tensor: Callable[[torch.Tensor], Any], own: Callable[[Any], Any]) -> Any:
+    """``batch`` rebuilt as torch's ``pin_memory`` walks it: each dense CPU tensor replaced
+    by ``tensor(t)``; each object that pins itself (a ``pin_memory`` method, as a custom
+    batch type or ``PackedSequence`` has, or a tensor that is not dense) by ``own(x)``;
+    mappings, tuples and other sequences walked, keeping their type where they can (a
+    ``BatchEncoding`` stays one); everything else passes through."""
+    def visit(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            if x.device.type == "cpu":
-                out.append(x)
-        elif isinstance(x, Mapping):
-            for v in x.values():
-                visit(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                visit(v)
+            if x.device.type != "cpu":
+                return x
+            return tensor(x) if x.layout == torch.strided else own(x)
+        if hasattr(x, "pin_memory"):
+            return own(x)
+        if isinstance(x, (str, bytes)):
+            return x
+        if isinstance(x, Mapping):
+            items = {k: visit(v) for k, v in x.items()}
+            if type(x) is dict:
+                return items
+            try:
+                if isinstance(x, MutableMapping):
+                    clone = copy.copy(x)
+                    clone.update(items)
+                    return clone
+                return type(x)(items)  # type: ignore[call-arg]
+            except TypeError:  # a mapping that cannot be copied or built from a dict
+                return items
+        if isinstance(x, tuple):
+            if hasattr(x, "_fields"):  # a namedtuple
+                return type(x)(*(visit(v) for v in x))
+            return type(x)(visit(v) for v in x)
+        if isinstance(x, Sequence):
+            values = [visit(v) for v in x]
+            if type(x) is list:
+                return values
+            try:
+                if isinstance(x, MutableSequence):
+                    seq = copy.copy(x)
+                    for i, v in enumerate(values):
+                        seq[i] = v
+                    return seq
+                return type(x)(values)  # type: ignore[call-arg]
+            except TypeError:  # a sequence that cannot be copied or built (range)
+                return values
+        return x
 
-    visit(batch)
+    return visit(batch)
+
+
+def leaves(batch: Any) -> list[torch.Tensor]:
+    """The dense CPU tensors of a batch, in :func:`walk`'s order."""
+    out: list[torch.Tensor] = []
+    walk(batch, out.append, lambda x: x)
     return out
 
 
-def rebuild(batch: Any, new: Iterator[torch.Tensor]) -> Any:
-    """``batch`` with its CPU tensors replaced, in :func:`leaves` order, by ``new``'s;
-    everything else (strings, numbers, tensors already elsewhere) passes through. A mapping
-    keeps its type where it can (a copy updated in place, as torch's ``pin_memory`` does:
-    a ``BatchEncoding`` stays one)."""
-    if isinstance(batch, torch.Tensor):
-        return next(new) if batch.device.type == "cpu" else batch
-    if isinstance(batch, Mapping):
-        items = {k: rebuild(v, new) for k, v in batch.items()}
-        if type(batch) is dict:
-            return items
-        try:
-            if isinstance(batch, MutableMapping):
-                clone = copy.copy(batch)
-                clone.update(items)
-                return clone
-            return type(batch)(items)  # type: ignore[call-arg]
-        except TypeError:  # a mapping that cannot be copied or built from a dict
-            return items
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(rebuild(v, new) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(rebuild(v, new) for v in batch)
-    return batch
+def rebuild(batch: Any, new: Iterator[torch.Tensor], own: Callable[[Any], Any]) -> Any:
+    """``batch`` with its dense CPU tensors replaced, in :func:`leaves` order, by ``new``'s,
+    and the objects that pin themselves by ``own(x)``."""
+    return walk(batch, lambda _: next(new), own)
+
+
+def pin_itself(x: Any) -> Any:
+    """``x`` pinned by its own ``pin_memory()``, as torch's DataLoader pins it."""
+    return x.pin_memory()
+
+
+def not_placeable(x: Any) -> Any:
+    """Refuse a batch object the device feed cannot copy (it has no dense tensor form)."""
+    kind = type(x)
+    what = f"a tensor of layout {x.layout}" if isinstance(x, torch.Tensor) else \
+        f"a {kind.__module__}.{kind.__qualname__}"
+    raise TypeError(
+        f"device= copies the dense tensors of dicts, lists and tuples to the device, but this "
+        f"batch holds {what}: return dense tensors from collate_fn, or pass device=None "
+        "(pin_memory=True pins objects that have a pin_memory() method) and move it yourself")
 
 
 def layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
@@ -256,8 +296,9 @@ class Stager:
 
     def stage(self, batch: Any) -> Staged:
         tensors = leaves(batch)
+        own = pin_itself if self.copier is None else not_placeable
         if not tensors:
-            return Staged(batch)
+            return Staged(rebuild(batch, iter(()), own))
         offsets, nbytes = layout(tensors)
         if self.pool is None:
             host = self.allocate(nbytes)
@@ -268,10 +309,10 @@ class Stager:
         for dst, src in zip(views(host, tensors, offsets), tensors):
             dst.copy_(src)
         if self.copier is None or self.pool is None:
-            return Staged(rebuild(batch, iter(views(host, tensors, offsets))))
+            return Staged(rebuild(batch, iter(views(host, tensors, offsets)), own))
         out, fence = self.copier.start(host[:nbytes])
         slot.fence = fence
-        return Staged(rebuild(batch, iter(views(out, tensors, offsets))), out, fence)
+        return Staged(rebuild(batch, iter(views(out, tensors, offsets)), own), out, fence)
 
     def handover(self, staged: Staged, starved: bool = False) -> Any:
         """The staged batch, ready for the consumer (its stream ordered after the copy);

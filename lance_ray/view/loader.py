@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any, NamedTuple, cast
 
 from torch._utils import ExceptionWrapper
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import numpy_scalars_accepted, positive_int
 from ..read.batching import collate
@@ -17,7 +17,7 @@ from ..read.transform import portable_items
 from ..stream.order import RankStream
 from .dataset import StreamingDataset
 from .iteration import Lease, leased, timed
-from .loader_args import EachSample, dataloader_arguments
+from .loader_args import EachSample, PinsItself, dataloader_arguments
 from .packed import PackedMode
 from .placement import loader_placement, placed
 from .reading import Pass
@@ -167,7 +167,7 @@ class _LoaderIterator:
     _shutdown_workers = close
 
 
-class StreamingDataLoader(DataLoader):
+class StreamingDataLoader(PinsItself):
     """A ``DataLoader`` over a :class:`StreamingDataset` with exact, consumer-committed state.
 
     Progress is committed in this (the trainer's) process when a batch is returned by
@@ -182,11 +182,12 @@ class StreamingDataLoader(DataLoader):
     otherwise ``collate_fn`` (default torch's ``default_collate``) collates the batch's
     items, in the worker. A packed dataset (``pack_sequences``) gives the batches of its
     ``iter_batches``: workers read and arrange its documents, this process packs them.
-    ``pin_memory=True`` (torch's meaning; ``pin_memory_device`` "" or "cuda[:N]") returns
-    the tensors in pinned host memory, pinned a few batches ahead on threads; without CUDA it
-    warns as torch does and returns them unpinned. ``batch_size=None`` is torch's unbatched
-    mode: each sample through ``collate_fn`` (default ``default_convert``). Arguments may be
-    given in ``DataLoader``'s positional order.
+    ``pin_memory=True`` (torch's meaning; ``pin_memory_device``, deprecated by torch, is
+    ignored with its warning) returns the tensors in pinned host memory, pinned a few
+    batches ahead on threads; without CUDA it warns as torch does and returns them
+    unpinned. ``batch_size=None`` is torch's unbatched mode: each sample through
+    ``collate_fn`` (default ``default_convert``). Arguments may be given in ``DataLoader``'s
+    positional order.
     """
 
     def __new__(cls, dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -201,8 +202,8 @@ class StreamingDataLoader(DataLoader):
     def __init__(self, dataset: StreamingDataset, batch_size: int | None = 1, *,
                  num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
-                 persistent_workers: bool = False, pin_memory: bool = False,
-                 pin_memory_device: str = "", **kwargs: Any) -> None:
+                 persistent_workers: bool = False, pin_memory: Any = False,
+                 pin_memory_device: Any = "", **kwargs: Any) -> None:
         if not isinstance(dataset, StreamingDataset):
             kind = type(dataset)
             raise TypeError(
@@ -249,6 +250,7 @@ class StreamingDataLoader(DataLoader):
         # What the user asked for, as torch's loader reports it (torch itself reads it only
         # in __len__, which this class answers; its batching is off: batches come whole).
         self.__dict__["batch_size"] = requested
+        self._report_pinning(pin_memory, pin_memory_device)
 
 
     @property

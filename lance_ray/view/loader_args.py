@@ -1,11 +1,14 @@
 """A loader's arguments as torch's ``DataLoader`` takes them: positionally too, in its order
-(the reference's loader forwards them to ``DataLoader``), and ``batch_size=None``."""
+(the reference's loader forwards them to ``DataLoader``), ``batch_size=None``, and
+``pin_memory`` reported as given."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from typing import Any
+
+from torch.utils.data import DataLoader
 
 # DataLoader's parameters after ``batch_size``, in its order.
 DATALOADER_ARGS = ("shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
@@ -45,3 +48,20 @@ class EachSample:
 
             return default_convert(item)
         return self.collate_fn(item)
+
+
+class PinsItself(DataLoader):
+    """A loader that pins its batches itself (``placement``) and reports ``pin_memory`` and
+    ``pin_memory_device`` as given, as torch's ``DataLoader`` does; torch's iterator, which
+    would pin them again (and warn again without CUDA), sees ``pin_memory=False``."""
+
+    def _report_pinning(self, pin_memory: Any, pin_memory_device: Any) -> None:
+        self.__dict__.update(pin_memory=pin_memory, pin_memory_device=pin_memory_device)
+
+    def _get_iterator(self) -> Any:
+        shown = self.__dict__["pin_memory"]
+        self.__dict__["pin_memory"] = False
+        try:
+            return super()._get_iterator()
+        finally:
+            self.__dict__["pin_memory"] = shown

@@ -13,16 +13,18 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from ..checks import positive_int
 from ..plan.splits import SplitPlan
 from ..read.batching import Batch, assemble, requests_for
 from ..read.requests import NO_COST, ReadCost
 from ..stream.order import RankStream, stream_for
+from .device import pin_itself, walk
 from .iteration import Lease, leased, timed
-from .loader_args import dataloader_arguments
+from .loader_args import PinsItself, dataloader_arguments
 from .mix_batches import MixBatch, mixed_batch
+from .placement import loader_placement
 from .workers import ForwardsToDataset, TravelsByValue, prepare_workers
 
 if TYPE_CHECKING:
@@ -133,15 +135,29 @@ class _MixtureBatches(ForwardsToDataset, TravelsByValue, IterableDataset):
             yield _Made(mb.index, mixed_batch(parts, mb.sources, self.collate_fn), cost)
 
 
-class MixtureDataLoader(DataLoader):
+def _pinned(batches: Iterator[Any]) -> Iterator[Any]:
+    """``batches`` in pinned host memory (as torch's ``pin_memory`` pins them)."""
+    try:
+        for batch in batches:
+            yield walk(batch, lambda t: t.pin_memory(), pin_itself)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
+class MixtureDataLoader(PinsItself):
     """What ``StreamingDataLoader(mixture, ...)`` makes: batches of ``mixture.iter_batches``
     (the same with any ``num_workers``), committed when ``next()`` returns them, so the
-    mixture's ``state_dict()`` is exact after every batch."""
+    mixture's ``state_dict()`` is exact after every batch. ``pin_memory`` as torch means it:
+    each batch is pinned as it is handed over (a mixture commits its batches as it makes
+    them, so it pins none ahead)."""
 
     @dataloader_arguments
     def __init__(self, dataset: MixtureDataset, batch_size: int = 1, *, num_workers: int = 0,
                  collate_fn: Callable[[list[Any]], Any] | None = None, drop_last: bool = False,
-                 persistent_workers: bool = False, **kwargs: Any) -> None:
+                 persistent_workers: bool = False, pin_memory: Any = False,
+                 pin_memory_device: Any = "", **kwargs: Any) -> None:
         positive_int("batch_size", batch_size)
         if drop_last or persistent_workers:
             raise ValueError("drop_last=True and persistent_workers=True are not supported: "
@@ -159,12 +175,18 @@ class MixtureDataLoader(DataLoader):
         super().__init__(self._source, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
         self.__dict__["batch_size"] = batch_size  # as torch's loader reports it (see loader)
+        self._pinned = loader_placement(pin_memory, pin_memory_device) is not None
+        self._report_pinning(pin_memory, pin_memory_device)
 
     @property
     def streaming_dataset(self) -> MixtureDataset:
         return self._mixture
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        batches = self._batches()
+        return _pinned(batches) if self._pinned else batches
+
+    def _batches(self) -> Iterator[Any]:
         if self.num_workers == 0:
             return self._mixture.iter_batches(self._batch_size_samples,
                                               collate_fn=self._source.collate_fn)

@@ -106,26 +106,23 @@ def placement(device: Any = None, pin_memory: bool | None = None, *,
     return Placement(_indexed(dev, "device"), pin_memory is not False)
 
 
-def loader_placement(pin_memory: bool, pin_memory_device: str, *,
+# torch 2.13's DataLoader says this when pin_memory_device is given with pin_memory, and
+# ignores it; so does lance_ray.
+PIN_DEVICE_IGNORED = ("pin_memory_device is deprecated, the current accelerator will be used "
+                      "as the device,ignore pin_memory_device='{}'.")
+
+
+def loader_placement(pin_memory: Any, pin_memory_device: Any, *,
                      cuda: bool | None = None) -> Placement | None:
     """``StreamingDataLoader(pin_memory=, pin_memory_device=)`` as torch's DataLoader means
-    them: batches in pinned host memory, for copies to that (default: the current) CUDA
-    device; without CUDA a warning and ordinary memory."""
-    _bool_or_none("pin_memory", pin_memory)
-    if not isinstance(pin_memory_device, str):
-        raise TypeError(f"pin_memory_device must be a string ('' or 'cuda[:N]'), got "
-                        f"{pin_memory_device!r}")
-    if not pin_memory:  # pin_memory_device is then ignored, as torch ignores it
+    them: any true ``pin_memory`` pins batches in host memory, for copies to the current
+    CUDA device (``pin_memory_device`` is deprecated there: a warning, and ignored); without
+    CUDA a warning and ordinary memory."""
+    if not pin_memory:
         return None  # CUDA is not even probed: the probe can break a later fork
-    cuda = _cuda_available() if cuda is None else cuda
     if pin_memory_device:
-        dev = _parse(pin_memory_device, "pin_memory_device", "'' or 'cuda[:N]'")
-        if dev.type != "cuda":
-            raise ValueError(f"pin_memory_device={pin_memory_device!r}: pinned memory is for "
-                             "copies to a CUDA device; pass '' (the current one) or 'cuda:N'")
-        if cuda:
-            _indexed(dev, "pin_memory_device")
-    if not cuda:
+        warnings.warn(PIN_DEVICE_IGNORED.format(pin_memory_device), stacklevel=LOADER_USER_FRAME)
+    if not (_cuda_available() if cuda is None else cuda):
         warnings.warn(NO_ACCELERATOR, stacklevel=LOADER_USER_FRAME)
         return None
     return Placement(None, True)
