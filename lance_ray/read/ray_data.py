@@ -29,6 +29,7 @@ import functools
 import logging
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -61,6 +62,7 @@ from .requests import (
 )
 from .run_ahead import RunAhead, bound_pipeline
 from .scale import (
+    RETRY_OPTIONS,
     Capacity,
     TaskShape,
     capacity,
@@ -68,6 +70,7 @@ from .scale import (
     rechunked,
     run_ahead_budget,
     split_rows,
+    task_options,
     task_shape,
 )
 from .take import one_batch
@@ -115,8 +118,13 @@ class RayDataReader:
 
         source = datasource_cls()(self.table, self.columns, requests, self.sizing,
                                    self.documents, self._sorted_rows())
-        ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
-                                      **self.ray_remote_args)
+        named, retries = task_options(self.ray_remote_args)
+        with warnings.catch_warnings():
+            # Ray 2.60 has no named parameter for a read's retries; its ray_remote_args
+            # (deprecated for the options that have one) still takes them.
+            warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
+            ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
+                                          ray_remote_args=dict(retries), **named)
         if self.transform is not None:
             from ray.data import TaskPoolStrategy
 
@@ -125,7 +133,7 @@ class RayDataReader:
             ds = ds.map_batches(TransformStage(self.transform), batch_format="pyarrow",
                                 batch_size=None, zero_copy_batch=True,
                                 compute=TaskPoolStrategy(size=self.transform_tasks),
-                                **self.ray_remote_args)
+                                **named, **retries)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
         self._bound = self._run_ahead(requests)
@@ -200,7 +208,8 @@ class RayDataReader:
         when the rows' width is unknown (a remote table), which leaves the bytes unbounded.
         (A transformed pass's head is sized in rows by the transform's cost, ``_split``.)"""
         sizing = self.sizing
-        if self.ray_remote_args or sizing is None or sizing.row_bytes is None:
+        placed = set(self.ray_remote_args) - set(RETRY_OPTIONS)
+        if placed or sizing is None or sizing.row_bytes is None:
             return 0
         total, most = 0, len(reqs) // 2
         for k, request in enumerate(reqs[:most]):
@@ -290,6 +299,9 @@ class RayDataReader:
         try:
             for results in chunks:
                 yield from results
+        except Exception as e:
+            _note_crashes(e, self.ray_remote_args)
+            raise
         finally:
             # First ``ahead``: its close waits for a next(blocks) in progress, so no other
             # thread is inside the generator when it is closed here.
@@ -297,6 +309,19 @@ class RayDataReader:
             close = getattr(blocks, "close", None)
             if close is not None:
                 close()  # Ray Data's prefetch threads stop now, while Ray is still up
+
+
+def _note_crashes(e: Exception, remote_args: dict[str, Any]) -> None:
+    """Say, on ``e``, what a read task whose worker died on every try means and what to do."""
+    import ray
+
+    if isinstance(e, ray.exceptions.WorkerCrashedError):
+        retries = task_options(remote_args)[1]["max_retries"]
+        e.add_note(f"lance_ray: a read task's worker process died on each of its {retries} "
+                   "retries: a transform that crashes its process on some row (native "
+                   "code, sys.exit, out of memory), or nodes lost. The batches before it "
+                   "were delivered and state_dict() resumes after them; retry more with "
+                   "ray_remote_args={'max_retries': N} (-1: without end)")
 
 
 def _connect_on_this_thread() -> None:

@@ -82,20 +82,39 @@ READ_TASK_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "label_selec
                      "fallback_strategy", "max_calls", "accelerator_type", "runtime_env")
 
 
+# How often a read task is retried: Ray Data takes these as its tasks' ``ray_remote_args``.
+RETRY_OPTIONS = ("max_retries", "retry_exceptions")
+# Ray Data retries a task whose worker died without end (by default): a row whose transform
+# crashes its process (native code, sys.exit, out of memory) then hung the pass for ever.
+# Ray's own default for a task is 3; -1 in ray_remote_args retries without end.
+DEFAULT_MAX_RETRIES = 3
+
+
 def check_remote_args(remote_args: Mapping[str, Any]) -> None:
     """Raise, naming ``ray_remote_args``, unless the read (and transform) tasks can take
     ``remote_args`` as their Ray options."""
     import ray
 
-    other = sorted(set(remote_args) - set(READ_TASK_OPTIONS))
+    other = sorted(set(remote_args) - set(READ_TASK_OPTIONS) - set(RETRY_OPTIONS))
     if other:
         raise ValueError(f"ray_remote_args cannot hold {other}: Ray Data's read tasks take "
-                         f"only {list(READ_TASK_OPTIONS)} (place tasks with resources or "
-                         "label_selector)")
+                         f"only {list(READ_TASK_OPTIONS + RETRY_OPTIONS)} (place tasks with "
+                         "resources or label_selector)")
     try:
         ray.remote(_no_task).options(**remote_args)  # Ray's own check of the values
     except (TypeError, ValueError) as e:
         raise ValueError(f"ray_remote_args={dict(remote_args)!r}: {e}") from None
+
+
+def task_options(remote_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``remote_args`` as Ray Data takes them: its read's named options (placement), and the
+    retry options (``DEFAULT_MAX_RETRIES`` unless given), which go in ``ray_remote_args``."""
+    named = {k: v for k, v in remote_args.items() if k not in RETRY_OPTIONS}
+    retries: dict[str, Any] = {"max_retries": DEFAULT_MAX_RETRIES}
+    retries.update((k, remote_args[k]) for k in RETRY_OPTIONS if k in remote_args)
+    if isinstance(retries.get("retry_exceptions"), tuple):  # Ray Data takes a list
+        retries["retry_exceptions"] = list(retries["retry_exceptions"])
+    return named, retries
 
 
 def _no_task() -> None:
