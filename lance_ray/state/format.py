@@ -23,6 +23,7 @@ FORMAT_VERSION = 1
 # early keeps a bad state from allocating huge lists.
 MAX_NUM_SPLITS = 1 << 24
 EXTRA_KEY = "lance_ray"
+MIX_KEY = "lance_ray_mixture"  # a MixtureDataset's state (see lance_ray.state.mixture)
 PLAN_KEYS = ("shuffle_seed", "num_splits", "epoch")  # the top-level keys that name a plan
 REFERENCE_KEYS = (*PLAN_KEYS, "samples_consumed_per_split")
 # The identity keys under EXTRA_KEY a state must agree on with a plan, and how to fix each.
@@ -181,6 +182,10 @@ def parse_state(state: object, split_len: int | None = None, *, packed: bool = F
     """
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    if MIX_KEY in state:
+        raise ValueError("this is a MixtureDataset's state, not a single table's: load it into "
+                         "a MixtureDataset (or the mixture's Coordinator) with the same "
+                         "sources, weights and stop")
     if "pack_buffers" in state and not packed:
         raise ValueError(f"pack_sequences mismatch: checkpoint has "
                          f"{state.get('pack_sequences')!r}, dataset has None; this is a packed "

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks import is_int
-from ..topology import rank_splits
-from .format import EXTRA_KEY, parse_state
+from ..topology import rank_splits, valid_world_sizes
+from .format import EXTRA_KEY, MIX_KEY, parse_state
 
-MIX_KEY = "lance_ray_mixture"
 PACK_KEY = "pack"  # a packed mixture's packing and every rank's carry
 MIX_FORMAT_VERSION = 1
 STOPS = ("first_exhausted", "all_exhausted")
@@ -118,6 +117,13 @@ def phase_step(state: dict[str, Any], rank: int, world_size: int) -> int | None:
             and steps[rank] >= 0:
         return int(steps[rank])
     return None
+
+
+def phase_over(state: dict[str, Any]) -> bool:
+    """Whether the state's phase was read to its end (nothing of its epoch is left to read
+    on any rank of the group that saved it)."""
+    mix = state[MIX_KEY]
+    return mix["step"] is not None and mix["step"] == mix["end"]
 
 
 def parse_mixture(state: object) -> dict[str, Any]:
@@ -241,14 +247,24 @@ def merge_pack_states(parts: list[Any]) -> dict[str, Any]:
     return {**first, "carries": carries}
 
 
-def remaining_per_rank(source_state: dict, world_size: int) -> list[int]:
-    """Samples each rank of ``world_size`` has left of a source's pass, from a state that
-    holds every split's progress (a merged, one-rank or lockstep state)."""
-    progress = parse_state(source_state)
-    split_len = source_state["lance_ray"]["split_len"]
-    num_splits = source_state["num_splits"]
-    return [sum(split_len - progress.samples[s] for s in rank_splits(r, world_size, num_splits))
+def split_left(source_state: dict) -> list[int]:
+    """Samples left of a source's pass in each split, from a state that holds every split's
+    progress (a merged, one-rank or lockstep state)."""
+    split_len = source_state[EXTRA_KEY]["split_len"]
+    return [split_len - n for n in parse_state(source_state).samples]
+
+
+def ranks_left(left: Sequence[int], world_size: int) -> list[int]:
+    """Samples each rank of ``world_size`` has left, from each split's ``left``."""
+    return [sum(left[s] for s in rank_splits(r, world_size, len(left)))
             for r in range(world_size)]
+
+
+def even_world_sizes(lefts: Sequence[Sequence[int]]) -> list[int]:
+    """The world sizes at which every source's ``lefts`` (per split) leave each rank the
+    same number of samples."""
+    return [w for w in valid_world_sizes(len(lefts[0]))
+            if all(len(set(ranks_left(left, w))) == 1 for left in lefts)]
 
 
 def rank_own(source_state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from ..plan.sources import LocalPlans, RayTaskPlans, ray_is_up
 from ..plan.table import StorageOptionsFactory
 from ..read.transform import ErrorPolicy, Transform, make_policy
 from ..state.merge import merge_state_dicts
+from ..state.mixture import MixtureRun
 from ..topology import Topology
 from .compat import UNTRACKED, WorkerInfo, prefetch_depth, reference_options
 from .core import Mode, ViewCore
@@ -196,7 +197,12 @@ class StreamingDataset(ViewCore, IterableDataset):
         """
         pack_args.refuse_unsupported(unsupported)
         plans = CoordinatorPlans.connect(name, namespace)
-        table_ref, spec = plans.describe()
+        described = plans.describe()
+        if isinstance(described, MixtureRun):
+            raise ValueError(f"coordinator {name!r} reads a mixture of tables, not one table: "
+                             "attach with MixtureDataset.from_coordinator (or Coordinator.view, "
+                             "or lance_ray.train.get_dataset in a Ray Train worker)")
+        table_ref, spec = described
         self = cls.__new__(cls)
         IterableDataset.__init__(self)
         packing = pack_args.attached_packing(plans.packing(), columns, transform,

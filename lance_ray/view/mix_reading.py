@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..read.requests import NO_COST, ReadCost
+from ..state.mixture import ranks_left, split_left
 from ..stream.mixing import Schedule, end_step
-from ..topology import valid_world_sizes
 from .iteration import CONCURRENT, Lease
 from .mix_batches import (
     RUN_BYTES,
@@ -28,6 +28,7 @@ from .mix_batches import (
     plan_batches,
     runs,
 )
+from .mix_phase import check_ended, check_phase, phase_end
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -110,23 +111,56 @@ class MixProgress:
         self._start_phase([[len(v)] * self.world_size for v in self.views], step=0,
                           end=self.epoch_steps())
 
+    def load(self, subs: list[dict[str, Any]], *, passes: list[int], **phase: Any) -> None:
+        """Load each source's state ``subs[i]`` into its view at its pass ``passes[i]``, then
+        the progress (``phase``: :meth:`resume`'s arguments but ``left``). If refused, the
+        views are restored as they were (a live iterator is superseded all the same)."""
+        before = [(v._spec, v._plan, v.state_dict()) for v in self.views]
+        try:
+            for view, sub, p in zip(self.views, subs, passes):
+                # From its pass's start first: the state replaces the view's progress, which
+                # set_epoch would otherwise report as samples left unread.
+                view._install_plan(view._spec, view._plan)
+                view.set_epoch(p)
+                view.load_state_dict(sub)
+            self.resume(passes=passes, left=[split_left(v.state_dict()) for v in self.views],
+                        **phase)
+        except Exception:
+            for view, (spec, plan, sub) in zip(self.views, before):
+                # Not set_epoch: it would report the refused state's progress as unread.
+                view._install_plan(spec, plan)
+                view.load_state_dict(sub)
+            raise
+
     def resume(self, *, epoch: int, passes: list[int], whole: list[bool], global_step: int,
-               remaining: list[list[int]], step: int | None, end: int,
+               left: list[list[int]], step: int | None, end: int, over: bool = False,
                common: bool = True) -> None:
         """Progress loaded from a state (the views already hold their parts):
-        ``remaining[i][r]``: samples rank ``r`` has left of source ``i``'s pass; ``step``:
-        the phase goes on at ``step`` to ``end`` (None: a new phase starts here, at step 0);
-        ``common``: every rank is at ``step`` (else ranks' steps differ, as packed ranks'
-        do). Nothing changes if the state is refused."""
+        ``left[i][s]``: samples split ``s`` has left of source ``i``'s pass; ``step``: the
+        phase goes on at ``step`` to ``end`` (None: a new phase starts here, at step 0);
+        ``over``: the state's phase was read to its end; ``common``: every rank is at
+        ``step`` (else ranks' steps differ, as packed ranks' do). Nothing changes if the
+        state is refused."""
         saved = self._epoch, self._passes, self._whole, self._global_step
         self._epoch, self._passes = epoch, list(passes)
         self._whole, self._global_step = list(whole), global_step
+        phase: dict[str, Any] = {"left": left, "world_size": self.world_size}
+        remaining = [ranks_left(s, self.world_size) for s in left]
         try:
-            if step is not None:  # the same group: the phase goes on
-                self._check_phase(remaining, step, end, common)
+            if over and not step:
+                # An ended epoch stays ended on any world size: its sources' next passes,
+                # partly read, are no phase's, and another grouping of their splits would
+                # only refuse or prolong an epoch that is over.
+                check_ended(stop=self.stop, rank=self.rank, common=common, whole=whole,
+                            **phase)
+                self._start_phase(remaining, step=0, end=0)
+            elif step is not None:  # the same group: the phase goes on
+                check_phase(self.schedule, stop=self.stop, rank=self.rank, step=step,
+                            end=end, common=common, whole=whole, **phase)
                 self._start_phase(remaining, step=step, end=end)
             else:
-                self._start_phase(remaining, step=0)
+                self._start_phase(remaining, step=0, end=phase_end(
+                    self.schedule, stop=self.stop, step=0, whole=whole, **phase))
         except Exception:
             self._epoch, self._passes, self._whole, self._global_step = saved
             raise
@@ -134,53 +168,11 @@ class MixProgress:
         self._loaded = True  # a state loaded at its epoch's end yields nothing, as a view's
         self._generation += 1
 
-    def _start_phase(self, remaining: list[list[int]], *, step: int,
-                     end: int | None = None) -> None:
-        """Steps run from ``step``; ``remaining[i][r]``: samples rank ``r`` has left of
-        source ``i``'s pass (known for every rank: an epoch's start or a complete state)."""
-        end = self._phase_end(remaining, step) if end is None else end  # may refuse: first
+    def _start_phase(self, remaining: list[list[int]], *, step: int, end: int) -> None:
+        """Steps run from ``step`` to ``end``; ``remaining[i][r]``: samples rank ``r`` has
+        left of source ``i``'s pass."""
         self._step, self._end = step, end
         self._left = [r[self.rank] for r in remaining]  # this rank, in the current pass
-
-    def _phase_end(self, remaining: list[list[int]], step: int) -> int:
-        """The step at which a phase at ``step`` ends, every rank being at ``step``."""
-        if self.stop == "first_exhausted":
-            return end_step(self.schedule, [min(r) for r in remaining], stop=self.stop,
-                            start=step)
-        self._check_even(remaining)
-        return end_step(self.schedule, [r[0] for r in remaining], stop=self.stop, start=step,
-                        whole=self._whole)
-
-    def _check_phase(self, remaining: list[list[int]], step: int, end: int,
-                     common: bool) -> None:
-        """Refuse a phase that the state's own sources do not bear out (an edited or
-        corrupt state), before it could repeat samples or change the order: its end must
-        follow from its step and what each source has left."""
-        left = [r[self.rank] for r in remaining]
-        counts = self.schedule.counts(step)
-        short = [] if self.stop != "first_exhausted" or step > end else [
-            i for i, (a, b, n) in enumerate(zip(counts, self.schedule.counts(end), left))
-            if b - a > n]
-        expected = self._phase_end(remaining, step) if common and step <= end else end
-        if step > end or short or expected != end:
-            raise ValueError(
-                f"this mixture state does not add up: its phase runs from step {step} to "
-                f"step {end}, but its sources have {left} samples left on rank {self.rank}"
-                + (f" (too few of source(s) {short})" if short else "")
-                + (f", which end the phase at step {expected}" if expected != end else "")
-                + "; load the state exactly as state_dict() or merge_state_dicts() "
-                "returned it")
-
-    def _check_even(self, remaining: list[list[int]]) -> None:
-        uneven = [i for i, r in enumerate(remaining) if len(set(r)) > 1]
-        if uneven:
-            raise ValueError(
-                f"this state leaves the {self.world_size} ranks unequal samples of source(s) "
-                f"{uneven} ({[remaining[i] for i in uneven]}), so under stop='all_exhausted' "
-                "they would start those sources' next passes at different steps; resume on "
-                "the world size the state was saved on, or on one of "
-                f"{valid_world_sizes(self.num_splits)} at which its ranks' shares are equal, "
-                "or use stop='first_exhausted'")
 
     # ----------------------------------------------------------------------- reading
     @property

@@ -32,9 +32,9 @@ from ..state.mixture import (
     mixture_meta,
     mixture_seed,
     parse_mixture,
+    phase_over,
     phase_step,
     rank_own,
-    remaining_per_rank,
     source_meta,
 )
 from ..stream.mixing import Schedule, integer_weights
@@ -299,26 +299,13 @@ class MixtureDataset(IterableDataset):
                              ("with" if PACK_KEY in state else "without") + " pack_sequences")
         carries = None if self._pack is None else carries_for(
             state[PACK_KEY], self._pack, self.rank, self.world_size)
-        subs, views = state["sources"], self._progress.views
-        before = [(v._spec.epoch, v.state_dict()) for v in views]
-        try:
-            for view, sub, p in zip(views, subs, mix["passes"]):
-                view.set_epoch(p)
-                view.load_state_dict(sub)
-            self._progress.resume(
-                epoch=mix["epoch"], passes=mix["passes"], whole=mix["read_whole"],
-                global_step=mix["global_step"], end=mix["end"],
-                step=phase_step(state, self.rank, self.world_size),
-                # One rank's packed state says nothing of the others' steps (their blocks
-                # hold other documents); an unpacked rank's own state is lockstep.
-                common=mix["step"] is not None and (self._pack is None or mix["rank"] is None),
-                remaining=[remaining_per_rank(v.state_dict(), self.world_size)
-                           for v in views])
-        except Exception:
-            for view, (epoch, sub) in zip(views, before):
-                view.set_epoch(epoch)
-                view.load_state_dict(sub)
-            raise
+        self._progress.load(
+            state["sources"], passes=mix["passes"], epoch=mix["epoch"],
+            whole=mix["read_whole"], global_step=mix["global_step"], end=mix["end"],
+            step=phase_step(state, self.rank, self.world_size), over=phase_over(state),
+            # One rank's packed state says nothing of the others' steps (their blocks hold
+            # other documents); an unpacked rank's own state is lockstep.
+            common=mix["step"] is not None and (self._pack is None or mix["rank"] is None))
         if carries is not None:
             self._packer.restore(carries)
 
