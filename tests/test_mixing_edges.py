@@ -15,6 +15,7 @@ import pytest
 import lance_ray
 from lance_ray import Coordinator, MixtureDataset, Source, StreamingDataset
 from lance_ray.state.format import parse_state
+from lance_ray.state.packed import parse_packed_state
 from lance_ray.state.reporting import ReportPolicy
 from lance_ray.topology import valid_world_sizes
 
@@ -151,7 +152,7 @@ def test_a_mixture_state_given_to_a_single_table_names_the_mixture(tables):
     view = StreamingDataset(tables[0], num_splits=NUM_SPLITS, shuffle_seed=3, columns=["id"],
                             reader="local")
     before = view.state_dict()
-    for load in (view.load_state_dict, parse_state):
+    for load in (view.load_state_dict, parse_state, parse_packed_state):
         with pytest.raises(ValueError, match="MixtureDataset's state") as refusal:
             load(state)
         assert "same sources, weights and stop" in str(refusal.value)

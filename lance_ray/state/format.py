@@ -173,6 +173,14 @@ def _counts(state: dict, key: str, num_splits: int, split_len: int | None) -> tu
     return tuple(raw)
 
 
+def refuse_mixture(state: dict[str, Any]) -> None:
+    """Refuse a MixtureDataset's state where one table's is due, saying where it loads."""
+    if MIX_KEY in state:
+        raise ValueError("this is a MixtureDataset's state, not a single table's: load it into "
+                         "a MixtureDataset (or the mixture's Coordinator) with the same "
+                         "sources, weights and stop")
+
+
 def parse_state(state: object, split_len: int | None = None, *, packed: bool = False
                 ) -> Progress:
     """Validate the structure of ``state`` and return its progress.
@@ -182,10 +190,7 @@ def parse_state(state: object, split_len: int | None = None, *, packed: bool = F
     """
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
-    if MIX_KEY in state:
-        raise ValueError("this is a MixtureDataset's state, not a single table's: load it into "
-                         "a MixtureDataset (or the mixture's Coordinator) with the same "
-                         "sources, weights and stop")
+    refuse_mixture(state)
     if "pack_buffers" in state and not packed:
         raise ValueError(f"pack_sequences mismatch: checkpoint has "
                          f"{state.get('pack_sequences')!r}, dataset has None; this is a packed "

@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from .format import EXTRA_KEY, PLAN_KEYS, PlanIdentity, Progress, make_state, parse_state
+from .format import (
+    EXTRA_KEY,
+    PLAN_KEYS,
+    PlanIdentity,
+    Progress,
+    make_state,
+    parse_state,
+    refuse_mixture,
+)
 from .mixture import is_mixture, parse_mixture
 
 logger = logging.getLogger(__name__)
@@ -130,6 +138,7 @@ def parse_packed_state(state: object, split_len: int | None = None) -> PackedPro
     """Validate a packed state's structure and return its progress."""
     if not isinstance(state, dict):
         raise TypeError(f"a checkpoint state must be a dict, got {type(state).__name__}")
+    refuse_mixture(state)
     missing = [k for k in (*CONFIG_KEYS, *PACKED_KEYS) if k not in state]
     if missing:
         raise ValueError(f"packed checkpoint is missing field(s) {missing}; pass the dict "
