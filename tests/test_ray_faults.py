@@ -3,14 +3,16 @@ error that says what to do (Ray Data alone retries it for ever), and progress st
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
 import lance_ray
-from lance_ray.read.scale import DEFAULT_MAX_RETRIES, task_options
+from lance_ray.read.scale import DEFAULT_MAX_RETRIES, NodeWatch, nodes_short, task_options
 
 KW = dict(num_splits=4, shuffle=True, shuffle_seed=5, columns=["id"])
 
@@ -62,3 +64,36 @@ def test_a_worker_that_dies_on_every_try_ends_the_pass_and_progress_resumes(ray_
                                       **KW)
     rest.load_state_dict(state)
     assert got + ids(rest.iter_batches(20)) == want
+
+
+def test_a_pass_that_no_node_can_run_any_more_says_so(caplog):
+    short: list[str | None] = [None]
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name.startswith("lance_ray")]
+
+    def wait_for(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(lines()) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    with caplog.at_level(logging.WARNING, logger="lance_ray"):
+        watch = NodeWatch(lambda: short[0], every_s=0.02)
+        try:
+            time.sleep(0.2)  # blocks are late, but a node can run the tasks: nothing to say
+            assert lines() == []
+            short[0] = "no node of the Ray cluster can run a read task asking for {...}"
+            wait_for(1)
+            time.sleep(0.2)  # said once, not every check
+            assert len(lines()) == 1 and "the pass is waiting: no node" in lines()[0]
+            short[0] = None
+            wait_for(2)
+            assert "joined" in lines()[1]
+        finally:
+            watch.close()
+
+
+def test_the_cluster_check_names_the_request_no_node_has(ray_session):
+    assert nodes_short({}) is None
+    said = nodes_short({"resources": {"no_such_node": 1}})
+    assert said is not None and "'no_such_node': 1.0" in said

@@ -64,9 +64,11 @@ from .run_ahead import RunAhead, bound_pipeline
 from .scale import (
     RETRY_OPTIONS,
     Capacity,
+    NodeWatch,
     TaskShape,
     capacity,
     consumer_outputs,
+    nodes_short,
     rechunked,
     run_ahead_budget,
     split_rows,
@@ -120,20 +122,20 @@ class RayDataReader:
                                    self.documents, self._sorted_rows())
         named, retries = task_options(self.ray_remote_args)
         with warnings.catch_warnings():
-            # Ray 2.60 has no named parameter for a read's retries; its ray_remote_args
-            # (deprecated for the options that have one) still takes them.
+            # Ray 2.60 names no parameter for a task's retries; its ray_remote_args
+            # (deprecated for the options it names) still takes them.
             warnings.filterwarnings("ignore", "`ray_remote_args` is deprecated")
             ds = ray.data.read_datasource(source, override_num_blocks=max(1, len(requests)),
                                           ray_remote_args=dict(retries), **named)
-        if self.transform is not None:
-            from ray.data import TaskPoolStrategy
+            if self.transform is not None:
+                from ray.data import TaskPoolStrategy
 
-            # The same remote args as the reads: the stage fuses with them into one task,
-            # placed where ray_remote_args say (e.g. on CPU-only nodes).
-            ds = ds.map_batches(TransformStage(self.transform), batch_format="pyarrow",
-                                batch_size=None, zero_copy_batch=True,
-                                compute=TaskPoolStrategy(size=self.transform_tasks),
-                                **named, **retries)
+                # The same remote args as the reads: the stage fuses with them into one
+                # task, placed where ray_remote_args say (e.g. on CPU-only nodes).
+                ds = ds.map_batches(TransformStage(self.transform), batch_format="pyarrow",
+                                    batch_size=None, zero_copy_batch=True,
+                                    compute=TaskPoolStrategy(size=self.transform_tasks),
+                                    **named, **retries)
         # Order is the product: never let Ray reorder blocks for throughput.
         ds.context.execution_options.preserve_order = True
         self._bound = self._run_ahead(requests)
@@ -296,13 +298,17 @@ class RayDataReader:
         # converted, not when more blocks have arrived.
         chunks = ahead(self._chunk, (b for b in blocks if b.num_rows), self.prefetch_batches,
                        cost=lambda b: b.nbytes, budget=budget, held=self.held)
+        watch = NodeWatch(lambda: nodes_short(self.ray_remote_args))
         try:
             for results in chunks:
+                watch.arrived()
                 yield from results
+                watch.arrived()  # the consumer's own time is no stall
         except Exception as e:
             _note_crashes(e, self.ray_remote_args)
             raise
         finally:
+            watch.close()
             # First ``ahead``: its close waits for a next(blocks) in progress, so no other
             # thread is inside the generator when it is closed here.
             chunks.close()

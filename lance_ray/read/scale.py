@@ -6,8 +6,9 @@ the reads may use), how many rows each task takes (the pass spread over the slot
 waves, each task between a minimum that pays for Ray's fixed cost per task and a maximum,
 at the transform's measured cost per row), and how many bytes of output may be in flight
 (a few tasks' output per slot: one running, the rest waiting, within the object store's
-share). The user's
-``prefetch_bytes`` only caps that memory. Pure functions, Ray at the edge (``capacity``).
+share). The user's ``prefetch_bytes`` only caps that memory. While a pass runs,
+``NodeWatch`` says when no node is left that can run its tasks. Pure functions, Ray at the
+edge (``capacity``, ``nodes_short``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,10 +157,7 @@ def capacity(remote_args: Mapping[str, Any] | None) -> Capacity:
         usable = [n for n in nodes if slots_on([n], need)]
         if usable:
             break
-        have = sorted({tuple(sorted((k, n.get(k, 0.0)) for k in need)) for n in nodes})
-        what = (f"no node of the Ray cluster can run a read task asking for {need} "
-                f"(ray_remote_args={dict(remote_args or {})!r}); its nodes have "
-                f"{[dict(h) for h in have]}")
+        what = no_node(need, nodes, remote_args)
         wait_s = float(os.environ.get("LANCE_RAY_NODE_WAIT_S", "300"))
         if waited_since is None:
             waited_since = time.monotonic()
@@ -170,6 +169,61 @@ def capacity(remote_args: Mapping[str, Any] | None) -> Capacity:
         time.sleep(min(1.0, wait_s))
     store = sum(int(n.get("object_store_memory", 0)) for n in usable)
     return Capacity(max(1, slots_on(usable, need)), int(store * STORE_SHARE))
+
+
+def no_node(need: Mapping[str, float], nodes: Sequence[Mapping[str, float]],
+            remote_args: Mapping[str, Any] | None) -> str:
+    """What to say when none of ``nodes`` can run a read task that needs ``need``."""
+    have = sorted({tuple(sorted((k, n.get(k, 0.0)) for k in need)) for n in nodes})
+    return (f"no node of the Ray cluster can run a read task asking for {dict(need)} "
+            f"(ray_remote_args={dict(remote_args or {})!r}); its nodes have "
+            f"{[dict(h) for h in have]}")
+
+
+def nodes_short(remote_args: Mapping[str, Any] | None) -> str | None:
+    """:func:`no_node`'s line if no live node can run a read task now, else None."""
+    import ray
+
+    need = task_demand(remote_args)
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    return None if slots_on(nodes, need) else no_node(need, nodes, remote_args)
+
+
+class NodeWatch:
+    """While a pass's blocks stop arriving, checks every ``every_s`` whether any node can
+    still run its tasks (``short()``: what to say if not): Ray holds tasks that no node can
+    run without a word, so a pass whose only fitting node was lost hung silently. Logs one
+    warning when that happens and one line when a node that fits joins."""
+
+    def __init__(self, short: Callable[[], str | None], every_s: float = 10.0):
+        self.short, self.every_s = short, every_s
+        self._arrived = time.monotonic()
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="lance_ray_nodes", daemon=True).start()
+
+    def arrived(self) -> None:
+        """A block arrived: the pipeline is making progress."""
+        self._arrived = time.monotonic()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        warned = False
+        while not self._stop.wait(self.every_s):
+            if time.monotonic() - self._arrived < self.every_s:
+                continue
+            try:
+                short = self.short()
+            except Exception:  # noqa: BLE001 - a watch must never break the pass
+                logger.debug("lance_ray: could not check the cluster's nodes", exc_info=True)
+                continue
+            if short is not None and not warned:
+                logger.warning("lance_ray: the pass is waiting: %s, so its tasks wait until "
+                               "one joins (the node that ran them was lost?)", short)
+            elif short is None and warned:
+                logger.warning("lance_ray: a node that can run the pass's tasks joined")
+            warned = short is not None
 
 
 def pipeline_memory(cap: Capacity, budget_cap: int | None) -> int:
