@@ -594,15 +594,15 @@ def test_a_mixture_loader_pins_its_batches_and_keeps_its_states(table_factory, m
     want = run(lance_ray.StreamingDataLoader(today, batch_size=8), today.state_dict)
     pinned: set[int] = set()
 
-    def fake_pin(t: torch.Tensor) -> torch.Tensor:  # no pinned memory without CUDA
-        out = t.clone()
-        pinned.add(id(out))
+    def fake_pinned(nbytes: int) -> torch.Tensor:  # no pinned memory without CUDA
+        out = pageable(nbytes)
+        pinned.add(out.untyped_storage().data_ptr())
         return out
 
     monkeypatch.setattr(placement_module, "_cuda_available", lambda: True)
-    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    monkeypatch.setattr(placement_module, "pinned_buffer", fake_pinned)
     ds = mix()
     got = run(lance_ray.StreamingDataLoader(ds, batch_size=8, pin_memory=True,
                                             num_workers=workers), ds.state_dict)
-    assert all(id(t) in pinned for b, _ in got for t in _tensors(b))
+    assert all(t.untyped_storage().data_ptr() in pinned for b, _ in got for t in _tensors(b))
     assert_same_run(got, want)

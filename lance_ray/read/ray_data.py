@@ -323,11 +323,11 @@ def _note_crashes(e: Exception, remote_args: dict[str, Any]) -> None:
 
     if isinstance(e, ray.exceptions.WorkerCrashedError):
         retries = task_options(remote_args)[1]["max_retries"]
-        e.add_note(f"lance_ray: a read task's worker process died on each of its {retries} "
-                   "retries: a transform that crashes its process on some row (native "
-                   "code, sys.exit, out of memory), or nodes lost. The batches before it "
-                   "were delivered and state_dict() resumes after them; retry more with "
-                   "ray_remote_args={'max_retries': N} (-1: without end)")
+        e.add_note(f"lance_ray: a read task's worker process died on every try (the first "
+                   f"and {retries} retries): a transform that crashes its process on some "
+                   "row (native code, sys.exit, out of memory), or nodes lost. The batches "
+                   "before it were delivered and state_dict() resumes after them; retry more "
+                   "with ray_remote_args={'max_retries': N} (-1: without end)")
 
 
 def _connect_on_this_thread() -> None:

@@ -20,11 +20,10 @@ from ..plan.splits import SplitPlan
 from ..read.batching import Batch, assemble, requests_for
 from ..read.requests import NO_COST, ReadCost
 from ..stream.order import RankStream, stream_for
-from .device import pin_itself, walk
 from .iteration import Lease, leased, timed
 from .loader_args import PinsItself, dataloader_arguments
 from .mix_batches import MixBatch, mixed_batch
-from .placement import loader_placement
+from .placement import loader_placement, placed_in_turn
 from .workers import ForwardsToDataset, TravelsByValue, prepare_workers
 
 if TYPE_CHECKING:
@@ -135,17 +134,6 @@ class _MixtureBatches(ForwardsToDataset, TravelsByValue, IterableDataset):
             yield _Made(mb.index, mixed_batch(parts, mb.sources, self.collate_fn), cost)
 
 
-def _pinned(batches: Iterator[Any]) -> Iterator[Any]:
-    """``batches`` in pinned host memory (as torch's ``pin_memory`` pins them)."""
-    try:
-        for batch in batches:
-            yield walk(batch, lambda t: t.pin_memory(), pin_itself)
-    finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
-
-
 class MixtureDataLoader(PinsItself):
     """What ``StreamingDataLoader(mixture, ...)`` makes: batches of ``mixture.iter_batches``
     (the same with any ``num_workers``), committed when ``next()`` returns them, so the
@@ -175,7 +163,7 @@ class MixtureDataLoader(PinsItself):
         super().__init__(self._source, batch_size=None, num_workers=num_workers,
                          collate_fn=_identity, **kwargs)
         self.__dict__["batch_size"] = batch_size  # as torch's loader reports it (see loader)
-        self._pinned = loader_placement(pin_memory, pin_memory_device) is not None
+        self._placement = loader_placement(pin_memory, pin_memory_device)
         self._report_pinning(pin_memory, pin_memory_device)
 
     @property
@@ -184,7 +172,7 @@ class MixtureDataLoader(PinsItself):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         batches = self._batches()
-        return _pinned(batches) if self._pinned else batches
+        return batches if self._placement is None else placed_in_turn(batches, self._placement)
 
     def _batches(self) -> Iterator[Any]:
         if self.num_workers == 0:

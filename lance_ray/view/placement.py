@@ -139,6 +139,19 @@ def stager_for(where: Placement, stats: FeedStats, *, allocate: Allocate | None 
     return Stager(allocate, copier, slots, stats)
 
 
+def placed_in_turn(batches: Iterator[Any], where: Placement) -> Iterator[Any]:
+    """``batches`` placed ``where``, each as it is asked for, none ahead: for a source that
+    counts a batch as made when it makes it (a mixture), so nothing may run ahead of it."""
+    stager = stager_for(where, FeedStats())
+    try:
+        for batch in batches:
+            yield stager.handover(stager.stage(batch))
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+
+
 def placed(start: Callable[[], Iterator[Any]], where: Placement | None, view: ViewCore
            ) -> Iterator[Any]:
     """The batches of ``start()``, placed ``where`` (unchanged when None), a few batches ahead,
